@@ -1,0 +1,87 @@
+"""tpunb: run PyTorch interactively on TPUs (and GPUs and CPUs), cell by cell.
+
+In a notebook::
+
+    %load_ext tpunb
+    %tpu_mode fused
+
+In a script or a test, the same through the API: ``set_mode``, ``current_mode``, ``mode``
+and ``stats``. Importing tpunb is cheap: torch and the runtime load on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from tpunb.runtime import Runtime
+
+__all__ = [
+    "__version__",
+    "current_mode",
+    "load_ipython_extension",
+    "mode",
+    "runtime",
+    "set_mode",
+    "stats",
+    "unload_ipython_extension",
+]
+
+
+def load_ipython_extension(shell: Any) -> None:
+    """``%load_ext tpunb``: detect the runtime, add the magics, print one status line."""
+    from tpunb.extension import load
+
+    load(shell, __version__)
+
+
+def unload_ipython_extension(shell: Any) -> None:
+    from tpunb.extension import unload
+
+    unload(shell)
+
+
+def set_mode(name: str, **options: bool) -> None:
+    """Set the default mode (``debug``, ``strict``, ``fused``, ``compile``) from now on.
+
+    Options: ``allow_nan``, ``allow_inf`` (debug mode).
+    """
+    from tpunb.modes import ModeConfig
+    from tpunb.session import get_session
+
+    get_session().set_default(ModeConfig.build(name, **options), source="api")
+
+
+def current_mode() -> str:
+    """The mode ops run in right now, e.g. ``"strict"``."""
+    from tpunb.session import get_session
+
+    return get_session().effective.mode.value
+
+
+@contextmanager
+def mode(name: str, **options: bool) -> Iterator[None]:
+    """``with tpunb.mode("debug"): ...`` runs the block in a mode; nests; restores on error."""
+    from tpunb.modes import ModeConfig
+    from tpunb.session import get_session
+
+    with get_session().scoped(ModeConfig.build(name, **options)):
+        yield
+
+
+def stats() -> dict[str, Any]:
+    """A plain-dict snapshot: runtime, device, mode, memory, cache counters, fusion groups."""
+    from tpunb.session import get_session
+
+    return get_session().stats()
+
+
+def runtime() -> Runtime:
+    """The runtime this process uses (detected on first use)."""
+    from tpunb.session import get_session
+
+    return get_session().runtime

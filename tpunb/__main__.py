@@ -1,0 +1,7 @@
+"""``python -m tpunb doctor``."""
+
+import sys
+
+from tpunb.cli import main
+
+sys.exit(main())

@@ -1,0 +1,175 @@
+"""``tpunb doctor``: what this environment has, what is broken, which runtime a kernel picks.
+
+Each check is a small function returning Check records, so the table, the JSON and the
+exit status all come from the same list. Checks read package metadata instead of
+importing TPU packages (importing torch_xla or torch_tpu can grab the chip).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tpunb.runtime import RuntimeUnavailable, detect_runtime, resolve_choice
+from tpunb.runtime.detect import cuda_device_name, installed
+from tpunb.runtime.hardware import TpuHardware, scan_tpu
+
+OK, INFO, WARN, ERROR = "ok", "info", "warn", "error"
+
+#: Packages whose versions the report lists: (distribution, required for tpunb to work).
+PACKAGES = (
+    ("tpunb", True),
+    ("torch", True),
+    ("torch_xla", False),
+    ("torch_tpu", False),
+    ("libtpu", False),
+    ("jax", False),
+    ("jaxlib", False),
+    ("ipykernel", True),
+    ("ipython", True),
+    ("jupyterlab", False),
+    ("ipywidgets", False),
+    ("anywidget", False),
+)
+
+#: torch versions torch_tpu 0.2.0 supports (it fails ``import torch`` outside them).
+TORCH_TPU_TORCH_RANGE = ((2, 11), (2, 15))
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | info | warn | error
+    detail: str
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    versions: dict[str, str | None] = field(default_factory=dict)
+    tpu: dict[str, Any] = field(default_factory=dict)
+    runtime: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(check.status != ERROR for check in self.checks)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "runtime": self.runtime,
+            "checks": [asdict(c) for c in self.checks],
+            "versions": self.versions,
+            "tpu": self.tpu,
+        }
+
+
+def distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def release(version: str) -> tuple[int, ...]:
+    """``2.9.0+cpu`` -> (2, 9, 0): the part torch and torch_xla must agree on."""
+    numbers = []
+    for part in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if not part.isdigit():
+            break
+    return tuple(numbers)
+
+
+def check_versions(versions: dict[str, str | None]) -> list[Check]:
+    checks = [Check("python", OK if sys.version_info >= (3, 11) else ERROR, platform.python_version())]
+    for name, required in PACKAGES:
+        version = versions[name]
+        status = OK if version else ERROR if required else INFO
+        checks.append(Check(name, status, version or "not installed"))
+    ipykernel = versions.get("ipykernel")
+    if ipykernel and release(ipykernel)[:2] == (7, 0):
+        checks.append(Check("ipykernel 7.0", WARN, "widget updates from threads break on 7.0.x; use >=7.1"))
+    return checks
+
+
+def check_torch_pairs(versions: dict[str, str | None]) -> list[Check]:
+    torch, xla, tpu = versions.get("torch"), versions.get("torch_xla"), versions.get("torch_tpu")
+    checks = []
+    if torch and xla:
+        same = release(torch)[:3] == release(xla)[:3]
+        detail = f"torch {torch} and torch_xla {xla}" + (
+            "" if same else ": they must be the same release (pip install torch==<torch_xla version>)"
+        )
+        checks.append(Check("torch = torch_xla", OK if same else ERROR, detail))
+    if torch and tpu:
+        low, high = TORCH_TPU_TORCH_RANGE
+        inside = low <= release(torch)[:2] <= high
+        detail = f"torch {torch}; torch_tpu supports torch {low[0]}.{low[1]}-{high[0]}.{high[1]}"
+        checks.append(Check("torch for torch_tpu", OK if inside else ERROR, detail))
+    return checks
+
+
+def check_tpu(tpu: TpuHardware, versions: dict[str, str | None]) -> list[Check]:
+    if not tpu.present:
+        return [Check("TPU", INFO, "no TPU chip on the PCI bus and no /dev/accel* or /dev/vfio device")]
+    devices = ", ".join(tpu.device_files) or "none"
+    found = f"{tpu.chips} chip(s), {tpu.generation or 'unknown generation'}; devices: {devices}"
+    checks = [Check("TPU", OK, found)]
+    if tpu.held_by:
+        pids = ", ".join(str(pid) for pid in tpu.held_by)
+        checks.append(
+            Check("TPU free", ERROR, f"held by process(es) {pids}: stop the other kernel or process first")
+        )
+    else:
+        checks.append(Check("TPU free", OK, "no other process has the TPU device open"))
+    if not (versions.get("torch_xla") or versions.get("torch_tpu")):
+        missing = "a TPU is here but neither torch_xla nor torch_tpu is installed"
+        checks.append(Check("TPU runtime", WARN, missing))
+    if versions.get("jax") and versions.get("torch_xla"):
+        owner = "both installed: whichever touches the TPU first owns it; import torch_xla first"
+        checks.append(Check("jax + torch_xla", WARN, owner))
+    return checks
+
+
+def check_cuda() -> list[Check]:
+    if not installed("torch"):
+        return []
+    name = cuda_device_name()
+    return [Check("CUDA", OK if name else INFO, name or "no CUDA device")]
+
+
+def check_runtime(report: Report, tpu: TpuHardware) -> list[Check]:
+    try:
+        choice = resolve_choice(detect_runtime(tpu=tpu))
+    except RuntimeUnavailable as error:
+        report.runtime = {"name": "", "reason": str(error)}
+        return [Check("runtime", ERROR, str(error))]
+    report.runtime = {"name": choice.name, "reason": choice.reason}
+    return [Check("runtime", OK, f"a kernel would use {choice.name}: {choice.reason}")]
+
+
+def run_checks() -> Report:
+    report = Report()
+    report.versions = {name: distribution_version(name) for name, _ in PACKAGES}
+    tpu = scan_tpu(check_holders=True)
+    report.tpu = {**asdict(tpu), "present": tpu.present}
+    report.checks += check_versions(report.versions)
+    report.checks += check_torch_pairs(report.versions)
+    report.checks += check_tpu(tpu, report.versions)
+    report.checks += check_cuda()
+    report.checks += check_runtime(report, tpu)
+    return report
+
+
+def format_report(report: Report) -> str:
+    width = max(len(c.name) for c in report.checks)
+    lines = [f"{c.status:<5}  {c.name:<{width}}  {c.detail}" for c in report.checks]
+    verdict = "ok" if report.ok else "problems found: see the 'error' rows"
+    return "\n".join(["tpunb doctor", *lines, f"result: {verdict}"])

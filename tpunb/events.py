@@ -1,0 +1,111 @@
+"""Event records and the in-process bus that carries them from runtimes to views.
+
+Data flows one way: cells -> runtime -> events -> views. Runtimes publish records here and
+never know who reads them; the monitor, the lab extension and ``tpunb.stats()`` read the
+bounded history. A record kind is just its class's ``kind`` string, so a new kind needs no
+change in the bus or in views that list records generically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+#: How many records of each kind are kept; old ones fall off the end.
+HISTORY_PER_KIND = 256
+
+
+@dataclass(frozen=True)
+class Record:
+    """Base of every event record: a kind and a wall-clock timestamp."""
+
+    kind: ClassVar[str] = "record"
+    time: float = field(default_factory=time.time, kw_only=True)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (the form views and ``stats()`` hand out)."""
+        return {"kind": self.kind, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class ModeChange(Record):
+    """The default mode changed (``%tpu_mode``, ``set_mode`` or the lab picker)."""
+
+    kind: ClassVar[str] = "mode"
+    previous: str
+    current: str
+    source: str
+
+
+@dataclass(frozen=True)
+class CellRun(Record):
+    """One notebook cell finished: the numbers behind the per-cell summary line."""
+
+    kind: ClassVar[str] = "cell"
+    cell: int | None
+    mode: str
+    wall_s: float
+    peak_bytes: int | None
+    groups: int
+    cache_hits: int
+    cache_misses: int
+    error: str | None
+
+
+Subscriber = Callable[[Record], None]
+
+
+class EventBus:
+    """A thread-safe, bounded history of records per kind, plus optional subscribers.
+
+    Subscribers run on the publishing thread and must be quick; a failing subscriber is
+    dropped rather than allowed to break the cell that published.
+    """
+
+    def __init__(self, history: int = HISTORY_PER_KIND) -> None:
+        self._history = history
+        self._lock = threading.Lock()
+        self._records: dict[str, deque[Record]] = {}
+        self._counts: dict[str, int] = {}
+        self._subscribers: list[Subscriber] = []
+
+    def publish(self, record: Record) -> None:
+        with self._lock:
+            self._records.setdefault(record.kind, deque(maxlen=self._history)).append(record)
+            self._counts[record.kind] = self._counts.get(record.kind, 0) + 1
+            subscribers = list(self._subscribers)
+        for subscriber in subscribers:
+            try:
+                subscriber(record)
+            except Exception:
+                self.unsubscribe(subscriber)
+
+    def recent(self, kind: str, limit: int | None = None) -> list[Record]:
+        """Records of one kind, newest last (at most ``limit`` of them)."""
+        with self._lock:
+            records = list(self._records.get(kind, ()))
+        return records if limit is None else records[-limit:] if limit > 0 else []
+
+    def count(self, kind: str) -> int:
+        """How many records of ``kind`` were ever published (not just those kept)."""
+        with self._lock:
+            return self._counts.get(kind, 0)
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        with self._lock:
+            self._subscribers.append(subscriber)
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        with self._lock:
+            if subscriber in self._subscribers:
+                self._subscribers.remove(subscriber)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._records.clear()
+            self._counts.clear()

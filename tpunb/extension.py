@@ -1,0 +1,57 @@
+"""Wiring tpunb into an IPython kernel: magics plus the cell hooks.
+
+Loaded by ``%load_ext tpunb`` or ``c.InteractiveShellApp.extensions = ["tpunb"]``.
+Loading again is harmless: hooks are registered once per shell.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpunb.magics import TpuMagics
+from tpunb.report import cell_summary, load_line
+from tpunb.session import Session, get_session
+
+
+class CellHooks:
+    """``pre_run_cell``/``post_run_cell``: open the cell's mode scope, close it, summarise."""
+
+    def __init__(self, shell: Any, session: Session) -> None:
+        self.shell, self.session = shell, session
+
+    def pre_run_cell(self, info: Any) -> None:
+        self.session.begin_cell(self.shell.execution_count)
+
+    def post_run_cell(self, result: Any) -> None:
+        error = result.error_in_exec or result.error_before_exec
+        record = self.session.end_cell(error)
+        if record is not None and record.mode != "strict" and self.session.summary_enabled:
+            print(cell_summary(record))
+
+    def register(self) -> None:
+        self.shell.events.register("pre_run_cell", self.pre_run_cell)
+        self.shell.events.register("post_run_cell", self.post_run_cell)
+
+    def unregister(self) -> None:
+        self.shell.events.unregister("pre_run_cell", self.pre_run_cell)
+        self.shell.events.unregister("post_run_cell", self.post_run_cell)
+
+
+_HOOKS_ATTR = "_tpunb_cell_hooks"
+
+
+def load(shell: Any, version: str) -> None:
+    session = get_session()
+    if getattr(shell, _HOOKS_ATTR, None) is None:
+        shell.register_magics(TpuMagics(shell, session))
+        hooks = CellHooks(shell, session)
+        hooks.register()
+        setattr(shell, _HOOKS_ATTR, hooks)
+    print(load_line(session, version))
+
+
+def unload(shell: Any) -> None:
+    hooks = getattr(shell, _HOOKS_ATTR, None)
+    if hooks is not None:
+        hooks.unregister()
+        setattr(shell, _HOOKS_ATTR, None)

@@ -1,0 +1,107 @@
+"""IPython magics: parse, then call the session. Nothing else lives here.
+
+``%%tpu_mode`` runs its cell the way ``%%time`` does (AST, then exec in the user
+namespace, then eval of a trailing expression), compiled under the cell's own file name
+with the cell's line numbers so tracebacks and debug-mode errors name ``Cell In[N], line L``.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from tpunb.modes import ModeConfig, ModeError
+from tpunb.report import mode_table
+from tpunb.session import Session
+
+
+@magics_class
+class TpuMagics(Magics):
+    """``%tpu_mode``, ``%%tpu_mode``, ``%tpu_summary`` and ``%tpu_doctor``."""
+
+    def __init__(self, shell: Any, session: Session) -> None:
+        super().__init__(shell)
+        self.session = session
+
+    @magic_arguments()
+    @argument(
+        "mode",
+        nargs="?",
+        help="debug, strict, fused or compile (any case). Omit it to show the current mode.",
+    )
+    @argument("--allow-nan", action="store_true", help="debug mode: do not stop at a new NaN.")
+    @argument("--allow-inf", action="store_true", help="debug mode: do not stop at a new Inf.")
+    @line_cell_magic
+    def tpu_mode(self, line: str, cell: str | None = None) -> Any:
+        """Show or set the execution mode.
+
+        As a line magic, ``%tpu_mode MODE`` sets the mode of this and the following cells.
+        As a cell magic, ``%%tpu_mode MODE`` runs just that cell in MODE and restores the
+        previous mode afterwards, even if the cell raises.
+
+        Examples::
+
+            %tpu_mode                 # the current mode and what each mode does
+            %tpu_mode fused           # defer and fuse from now on
+            %tpu_mode debug --allow-inf
+
+            %%tpu_mode debug
+            y = torch.log(x)          # a NaN born here raises, naming this line
+        """
+        __tracebackhide__ = True
+        args = parse_argstring(self.tpu_mode, line)
+        if args.mode is None:
+            if cell is not None:
+                raise UsageError("%%tpu_mode needs a mode: debug, strict, fused or compile")
+            print(mode_table(self.session))
+            return None
+        try:
+            config = ModeConfig.build(args.mode, allow_nan=args.allow_nan, allow_inf=args.allow_inf)
+            if cell is None:
+                previous = self.session.default.describe()
+                self.session.set_default(config, source="magic")
+                print(f"tpunb: mode {config.describe()} (was {previous})")
+                return None
+            self.session.check_supported(config)
+        except ModeError as error:
+            raise UsageError(f"%tpu_mode: {error}") from None
+        return self._run_cell(line, cell, config)
+
+    def _run_cell(self, line: str, cell: str, config: ModeConfig) -> Any:
+        __tracebackhide__ = True
+        shell = self.shell
+        raw = f"%%tpu_mode {line}\n{cell}"
+        filename = shell.compile.cache(raw, shell.execution_count, raw_code=raw)
+        tree = shell.compile.ast_parse(shell.transform_cell(cell), filename=filename)
+        ast.increment_lineno(tree, 1)  # the body starts on the cell's second line
+        tree = shell.transform_ast(tree)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        with self.session.scoped(config):
+            exec(shell.compile(tree, filename, "exec"), shell.user_ns)
+            if last is not None:
+                expression = ast.Expression(last.value)
+                return eval(shell.compile(expression, filename, "eval"), shell.user_ns)
+        return None
+
+    @magic_arguments()
+    @argument("state", nargs="?", choices=("on", "off"), help="on or off; omit to show.")
+    @line_magic
+    def tpu_summary(self, line: str) -> None:
+        """Turn the one-line summary after each non-strict cell on or off."""
+        args = parse_argstring(self.tpu_summary, line)
+        if args.state is not None:
+            self.session.summary_enabled = args.state == "on"
+        print(f"tpunb: cell summaries {'on' if self.session.summary_enabled else 'off'}")
+
+    @line_magic
+    def tpu_doctor(self, line: str) -> None:
+        """Check this environment (versions, TPU hardware, runtime choice), as `tpunb doctor`."""
+        from tpunb.doctor import format_report, run_checks
+
+        if line.strip():
+            raise UsageError("%tpu_doctor takes no arguments")
+        print(format_report(run_checks()))

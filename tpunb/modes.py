@@ -1,0 +1,80 @@
+"""Execution modes and their options.
+
+A mode says *how* the ops of a cell run; a runtime says *where*. Keeping the two apart is
+what lets one notebook move between a laptop, a GPU box and a TPU without edits.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+
+class Mode(enum.Enum):
+    """The four execution modes, named as users type them."""
+
+    DEBUG = "debug"
+    STRICT = "strict"
+    FUSED = "fused"
+    COMPILE = "compile"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+MODE_DESCRIPTIONS: dict[Mode, str] = {
+    Mode.DEBUG: "synchronous, one op at a time; NaN/Inf and bounds checks; errors name your line",
+    Mode.STRICT: "plain PyTorch eager: asynchronous op-by-op",
+    Mode.FUSED: "defer and fuse: ops are recorded, then compiled and run as one group",
+    Mode.COMPILE: "torch.compile of the cell's work",
+}
+
+#: The mode a fresh kernel starts in: plain eager, so loading tpunb changes nothing by itself.
+DEFAULT_MODE = Mode.STRICT
+
+
+class ModeError(ValueError):
+    """A mode name or option that tpunb does not accept."""
+
+
+def parse_mode(value: str | Mode) -> Mode:
+    """Turn user input (any case, surrounding spaces) into a Mode, or explain what is accepted."""
+    if isinstance(value, Mode):
+        return value
+    if not isinstance(value, str):
+        raise ModeError(f"mode must be a string, not {type(value).__name__}")
+    key = value.strip().lower()
+    for mode in Mode:
+        if mode.value == key:
+            return mode
+    valid = ", ".join(m.value for m in Mode)
+    raise ModeError(f"unknown mode {value!r}; valid modes: {valid}")
+
+
+@dataclass(frozen=True)
+class ModeConfig:
+    """A mode plus the options that tune it (options only some modes read).
+
+    Frozen so a config can be stacked and compared without defensive copies.
+    """
+
+    mode: Mode = DEFAULT_MODE
+    allow_nan: bool = False
+    allow_inf: bool = False
+
+    @classmethod
+    def build(cls, mode: str | Mode, **options: bool) -> ModeConfig:
+        """Parse ``mode`` and validate ``options`` against the fields this class knows."""
+        parsed = parse_mode(mode)
+        known = {name for name in cls.__dataclass_fields__ if name != "mode"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ModeError(
+                f"unknown mode option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(known))}"
+            )
+        return replace(cls(mode=parsed), **options)
+
+    def describe(self) -> str:
+        """Short text such as ``debug (allow nan)`` for status lines."""
+        flags = [name.replace("_", " ") for name in ("allow_nan", "allow_inf") if getattr(self, name)]
+        return f"{self.mode.value} ({', '.join(flags)})" if flags else self.mode.value

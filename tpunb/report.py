@@ -1,0 +1,68 @@
+"""Text that tpunb shows people: byte sizes, the load line, the mode table, cell summaries.
+
+Pure functions from data to strings, so the magics stay thin and the wording is tested once.
+"""
+
+from __future__ import annotations
+
+from tpunb.events import CellRun
+from tpunb.modes import MODE_DESCRIPTIONS, Mode
+from tpunb.runtime import MemoryInfo
+from tpunb.session import Session
+
+
+def format_bytes(count: int | None) -> str:
+    """``1.5 GiB``; unknown figures read ``n/a``, never 0."""
+    if count is None:
+        return "n/a"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_memory(memory: MemoryInfo | None) -> str:
+    if memory is None:
+        return "memory n/a"
+    return f"{memory.label} {format_bytes(memory.used)} / {format_bytes(memory.limit)}"
+
+
+def load_line(session: Session, version: str) -> str:
+    """The one line ``%load_ext tpunb`` prints."""
+    runtime = session.runtime
+    return (
+        f"tpunb {version} · {runtime.name} runtime on {runtime.device} ({session.choice.reason})"
+        f" · {format_memory(runtime.memory())} · mode {session.effective.describe()}"
+    )
+
+
+def mode_table(session: Session) -> str:
+    """What ``%tpu_mode`` without arguments prints."""
+    rows = [
+        f"current mode: {session.effective.describe()} "
+        f"(default for new cells: {session.default.describe()}) · "
+        f"{session.runtime.name} runtime on {session.runtime.device}",
+        "",
+        f"  {'mode':<8} {'here':<8} what it does",
+    ]
+    for mode in Mode:
+        available = "yes" if mode in session.runtime.modes else "not yet"
+        marker = "*" if mode is session.effective.mode else " "
+        rows.append(f"{marker} {mode.value:<8} {available:<8} {MODE_DESCRIPTIONS[mode]}")
+    rows += ["", "%tpu_mode MODE sets the default; %%tpu_mode MODE runs one cell in MODE."]
+    return "\n".join(rows)
+
+
+def cell_summary(record: CellRun) -> str:
+    """The one-line summary after a cell that ran in a mode other than strict."""
+    parts = [f"[tpunb] {record.mode}", f"{record.wall_s:.2f} s"]
+    if record.peak_bytes is not None:
+        parts.append(f"peak {format_bytes(record.peak_bytes)}")
+    parts.append(f"{record.groups} group{'s' if record.groups != 1 else ''}")
+    if record.cache_hits or record.cache_misses:
+        parts.append(f"cache {record.cache_hits} hit / {record.cache_misses} miss")
+    if record.error:
+        parts.append(f"failed: {record.error}")
+    return " · ".join(parts)

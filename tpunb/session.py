@@ -1,0 +1,187 @@
+"""The kernel's tpunb state: the default mode, scoped overrides, and per-cell bookkeeping.
+
+Exactly one runtime mode scope is open at a time. Changing the effective mode closes the
+open scope (which flushes or synchronises whatever it deferred) and opens the new one, so
+runtimes never see nested scopes and switching modes is always a clean boundary.
+Between notebook cells no scope is open: work the kernel does outside cells (comm
+messages, widget callbacks) runs as plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import asdict
+from typing import Any
+
+from tpunb.events import CellRun, EventBus, ModeChange
+from tpunb.modes import Mode, ModeConfig
+from tpunb.runtime import CacheStats, ModeUnavailable, Runtime, RuntimeChoice, create_runtime
+
+#: How many fusion-group records ``stats()`` returns.
+STATS_GROUPS = 50
+
+
+class Session:
+    """Mode state for one kernel (or one script), over one runtime."""
+
+    def __init__(self, runtime: Runtime, choice: RuntimeChoice, bus: EventBus | None = None) -> None:
+        self.runtime = runtime
+        self.choice = choice
+        self.bus = bus if bus is not None else EventBus()
+        self.summary_enabled = True
+        self._default = ModeConfig()
+        self._overrides: list[ModeConfig] = []
+        self._active: tuple[ModeConfig, ExitStack] | None = None
+        self._cell: _CellWindow | None = None
+
+    # --- modes ----------------------------------------------------------------------------
+
+    @property
+    def default(self) -> ModeConfig:
+        return self._default
+
+    @property
+    def effective(self) -> ModeConfig:
+        return self._overrides[-1] if self._overrides else self._default
+
+    def check_supported(self, config: ModeConfig) -> None:
+        if config.mode not in self.runtime.modes:
+            available = ", ".join(m.value for m in Mode if m in self.runtime.modes)
+            raise ModeUnavailable(
+                f"{config.mode.value} mode is not available on the {self.runtime.name} runtime "
+                f"yet; available here: {available}"
+            )
+
+    def set_default(self, config: ModeConfig, source: str = "api") -> None:
+        """Make ``config`` the mode of this and later cells (or of the rest of a script)."""
+        self.check_supported(config)
+        previous, self._default = self._default, config
+        self.bus.publish(ModeChange(previous=previous.describe(), current=config.describe(), source=source))
+        if self._cell is not None or not self._in_notebook:
+            self._activate()
+
+    @contextlib.contextmanager
+    def scoped(self, config: ModeConfig) -> Iterator[None]:
+        """Run a block in ``config``; the previous mode is back afterwards, even on error."""
+        self.check_supported(config)
+        self._overrides.append(config)
+        try:
+            self._activate()
+            yield
+        finally:
+            self._overrides.pop()
+            self._activate()
+
+    def _activate(self) -> None:
+        """Open the runtime scope for the effective mode, closing the one open now."""
+        target = self.effective
+        if self._active is not None and self._active[0] == target:
+            return
+        self._deactivate()
+        stack = ExitStack()
+        stack.enter_context(self.runtime.mode_scope(target))
+        self._active = (target, stack)
+        if self._cell is not None:
+            self._cell.modes.add(target.mode)
+
+    def _deactivate(self) -> None:
+        active, self._active = self._active, None
+        if active is not None:
+            active[1].close()
+
+    # --- cells ----------------------------------------------------------------------------
+
+    #: Set by the IPython hooks: in a notebook, scopes open only while a cell runs.
+    _in_notebook = False
+
+    def begin_cell(self, number: int | None) -> None:
+        self._in_notebook = True
+        self._cell = _CellWindow(
+            number,
+            peak_resettable=self.runtime.reset_peak_memory(),
+            cache_before=self.runtime.cache_stats(),
+            groups_before=self.bus.count("group"),
+        )
+        self._activate()
+
+    def end_cell(self, error: BaseException | None) -> CellRun | None:
+        """Close the cell's scope, wait for its device work and record what it did."""
+        cell, self._cell = self._cell, None
+        try:
+            self._deactivate()
+            self.runtime.synchronize()
+        finally:
+            record = self._record(cell, error) if cell is not None else None
+        return record
+
+    def _record(self, cell: _CellWindow, error: BaseException | None) -> CellRun:
+        memory = self.runtime.memory() if cell.peak_resettable else None
+        cache = self.runtime.cache_stats()
+        record = CellRun(
+            cell=cell.number,
+            mode=_summary_mode(cell.modes),
+            wall_s=time.perf_counter() - cell.started,
+            peak_bytes=memory.peak if memory is not None else None,
+            groups=self.bus.count("group") - cell.groups_before,
+            cache_hits=cache.hits - cell.cache_before.hits,
+            cache_misses=cache.misses - cell.cache_before.misses,
+            error=type(error).__name__ if error is not None else None,
+        )
+        self.bus.publish(record)
+        return record
+
+    # --- the stats snapshot ----------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """One plain-dict snapshot that the monitor, the lab extension and tests all read."""
+        memory = self.runtime.memory()
+        return {
+            "runtime": self.runtime.name,
+            "runtime_reason": self.choice.reason,
+            "device": self.runtime.device,
+            "mode": self.effective.mode.value,
+            "default_mode": self._default.mode.value,
+            "modes_available": [m.value for m in Mode if m in self.runtime.modes],
+            "memory": asdict(memory) if memory is not None else None,
+            "cache": asdict(self.runtime.cache_stats()),
+            "groups": [r.as_dict() for r in self.bus.recent("group", STATS_GROUPS)],
+        }
+
+
+def _summary_mode(used: set[Mode]) -> str:
+    """The modes a cell ran in, strict left out when others ran too (``debug``, not
+    ``debug+strict``, for a ``%%tpu_mode debug`` cell that started in strict)."""
+    special = [m.value for m in Mode if m in used and m is not Mode.STRICT]
+    return "+".join(special) or Mode.STRICT.value
+
+
+class _CellWindow:
+    """What is known about the running cell."""
+
+    def __init__(
+        self, number: int | None, *, peak_resettable: bool, cache_before: CacheStats, groups_before: int
+    ) -> None:
+        self.number = number
+        self.peak_resettable = peak_resettable
+        self.cache_before = cache_before
+        self.groups_before = groups_before
+        self.started = time.perf_counter()
+        self.modes: set[Mode] = set()
+
+
+_session: Session | None = None
+_session_lock = threading.Lock()
+
+
+def get_session() -> Session:
+    """The process's session, created (and its runtime detected) on first use."""
+    global _session
+    with _session_lock:
+        if _session is None:
+            runtime, choice = create_runtime()
+            _session = Session(runtime, choice)
+        return _session
