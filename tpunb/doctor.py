@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -76,15 +77,8 @@ def distribution_version(name: str) -> str | None:
 
 def release(version: str) -> tuple[int, ...]:
     """``2.9.0+cpu`` -> (2, 9, 0): the part torch and torch_xla must agree on."""
-    numbers = []
-    for part in version.split("+")[0].split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
-            break
-        numbers.append(int(digits))
-        if not part.isdigit():
-            break
-    return tuple(numbers)
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(n) for n in match.group(0).split(".")) if match else ()
 
 
 def check_versions(versions: dict[str, str | None]) -> list[Check]:

@@ -1,0 +1,108 @@
+"""Debug mode's checks, driven directly through the dispatch mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tpunb.debug import DebugCheckError, DebugChecks
+
+
+def checks(**options) -> DebugChecks:
+    return DebugChecks(
+        allow_nan=options.get("allow_nan", False), allow_inf=options.get("allow_inf", False), synchronize=None
+    )
+
+
+def test_nan_born_in_an_op_names_the_op_and_this_line():
+    x = torch.tensor([-1.0, 4.0])
+    with pytest.raises(DebugCheckError) as caught, checks():
+        torch.log(x)  # the line the error must name
+    error = caught.value
+    assert error.op == "aten.log" and "NaN" in error.problem
+    assert error.where.filename == __file__
+    assert error.where.code == "torch.log(x)  # the line the error must name"
+    assert "input 0: float32[2] on cpu" in str(error)
+
+
+def test_carried_nan_is_not_reported_again():
+    x = torch.tensor([float("nan"), 1.0])
+    with checks():
+        y = x * 2 + 1  # NaN flows through; it was not born here
+    assert torch.isnan(y[0])
+
+
+def test_intentional_infinities_pass_but_log_of_zero_is_caught():
+    scores = torch.randn(2, 3)
+    mask = torch.tensor([[True, False, False], [False, False, True]])
+    with checks():
+        probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
+    assert torch.isfinite(probs).all()
+    with pytest.raises(DebugCheckError, match=r"aten\.log produced Inf from finite inputs"), checks():
+        torch.log(torch.zeros(1))
+
+
+def test_in_place_ops_are_judged_on_their_inputs_before_the_write():
+    x = torch.tensor([-1.0])
+    with pytest.raises(DebugCheckError, match=r"aten\.log_ produced NaN"), checks():
+        x.log_()
+
+
+def test_allow_flags():
+    with checks(allow_nan=True):
+        torch.log(torch.tensor([-1.0]))
+    with checks(allow_inf=True):
+        torch.log(torch.zeros(1))
+    with pytest.raises(DebugCheckError), checks(allow_inf=True):
+        torch.log(torch.tensor([-1.0]))
+
+
+def test_uninitialised_outputs_are_not_checked():
+    with checks():
+        torch.empty(1000).fill_(1.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "call", "message"),
+    [
+        ("embedding", lambda: F.embedding(torch.tensor([1, 5]), torch.randn(3, 2)), "index 5"),
+        ("index_select", lambda: torch.randn(4, 2).index_select(0, torch.tensor([4])), "index 4"),
+        ("gather", lambda: torch.randn(2, 3).gather(1, torch.tensor([[0], [-1]])), "index -1"),
+        ("index", lambda: torch.randn(3, 4)[:, torch.tensor([0, 9])], "dimension 1"),
+        ("index", lambda: torch.randn(3)[torch.tensor([-4])], "valid [-3, 3)"),
+        ("nll_loss_forward", lambda: F.cross_entropy(torch.randn(2, 3), torch.tensor([0, 3])), "class"),
+        ("scatter_add", lambda: torch.zeros(3).scatter_add(0, torch.tensor([7]), torch.ones(1)), "7"),
+    ],
+)
+def test_bounds_are_checked_before_the_op_runs(name, call, message):
+    with pytest.raises(DebugCheckError) as caught, checks():
+        call()
+    assert caught.value.op == f"aten.{name}"
+    assert "out of bounds" in str(caught.value) and message in str(caught.value)
+
+
+def test_in_bounds_indexing_and_ignored_targets_pass():
+    with checks():
+        torch.randn(3)[torch.tensor([-3, 2])]
+        F.cross_entropy(torch.randn(2, 3), torch.tensor([2, -100]))
+        torch.randn(3, 4)[torch.tensor([True, False, True])]
+
+
+def test_a_training_step_runs_clean_and_counts_its_ops():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters())
+    mode = checks()
+    with mode:
+        loss = F.cross_entropy(model(torch.randn(5, 4)), torch.tensor([0, 1, 0, 1, 1]))
+        loss.backward()
+        opt.step()
+    assert mode.ops_checked > 20
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_nan_in_a_gradient_is_caught_in_backward():
+    w = torch.zeros(2, requires_grad=True)
+    loss = torch.sqrt(w).sum()
+    with pytest.raises(DebugCheckError, match="Inf"), checks():
+        loss.backward()

@@ -1,0 +1,93 @@
+"""Runtime detection: the order, the override, the fallbacks, the hardware scan."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tpunb.runtime import ADAPTERS, RuntimeUnavailable, create_runtime, detect_runtime, resolve_choice
+from tpunb.runtime.detect import RuntimeChoice, installed
+from tpunb.runtime.hardware import TpuHardware, device_files, holders, scan_pci
+
+NO_TPU = TpuHardware()
+TPU = TpuHardware(chips=4, generation="v6e", device_files=("/dev/vfio/0",))
+
+
+def test_override_wins_and_is_validated():
+    assert detect_runtime({"TPUNB_RUNTIME": "Native"}, NO_TPU) == RuntimeChoice(
+        "native", "TPUNB_RUNTIME=native", explicit=True
+    )
+    with pytest.raises(RuntimeUnavailable, match="'gpu' is not a runtime; accepted: native, xla, torchtpu"):
+        detect_runtime({"TPUNB_RUNTIME": "gpu"}, NO_TPU)
+
+
+def test_cpu_machine_picks_native_and_says_why():
+    choice = detect_runtime({}, NO_TPU)
+    assert choice.name == "native" and "CPU" in choice.reason
+
+
+@pytest.mark.skipif(installed("torch_xla") or installed("torch_tpu"), reason="needs no TPU packages")
+def test_tpu_without_tpu_packages_stays_native_and_says_so():
+    choice = detect_runtime({}, TPU)
+    assert choice.name == "native"
+    assert "neither torch_tpu nor torch_xla" in choice.reason
+
+
+def test_a_detected_runtime_without_an_adapter_falls_back_but_an_explicit_one_fails():
+    missing = next(name for name in ("xla", "torchtpu") if name not in ADAPTERS)
+    fallback = resolve_choice(RuntimeChoice(missing, "found it"))
+    assert fallback.name == "native" and f"{missing} adapter is not available" in fallback.reason
+    with pytest.raises(RuntimeUnavailable, match=f"the '{missing}' runtime adapter is not available"):
+        resolve_choice(RuntimeChoice(missing, "asked", explicit=True))
+
+
+def test_create_runtime_builds_native():
+    runtime, choice = create_runtime(RuntimeChoice("native", "test"))
+    assert runtime.name == "native" and runtime.device == "cpu" and choice.reason == "test"
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+
+
+def test_pci_scan_reads_google_tpu_devices(tmp_path):
+    write(tmp_path / "0000:00:04.0" / "vendor", "0x1ae0")
+    write(tmp_path / "0000:00:04.0" / "device", "0x006f")
+    write(tmp_path / "0000:00:05.0" / "vendor", "0x1ae0")
+    write(tmp_path / "0000:00:05.0" / "device", "0x0063")
+    write(tmp_path / "0000:00:06.0" / "vendor", "0x1ae0")  # a Google device that is not a TPU
+    write(tmp_path / "0000:00:06.0" / "device", "0x0001")
+    write(tmp_path / "0000:00:07.0" / "vendor", "0x10de")  # NVIDIA
+    write(tmp_path / "0000:00:07.0" / "device", "0x2330")
+    assert scan_pci(str(tmp_path)) == ["v6e", "v5e"]
+
+
+def test_device_files_list_accel_and_numbered_vfio(tmp_path):
+    for name in ("accel0", "accel1", "vfio/0", "vfio/vfio", "null"):
+        write(tmp_path / name, "")
+    found = [os.path.relpath(p, tmp_path) for p in device_files(str(tmp_path))]
+    assert found == ["accel0", "accel1", "vfio/0"]
+
+
+def test_holders_finds_another_process_with_the_file_open(tmp_path):
+    device = tmp_path / "accel0"
+    device.write_text("")
+    code = f"f = open({str(device)!r}); import sys; print('ready', flush=True); sys.stdin.read()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert holders([str(device)]) == [child.pid]
+    finally:
+        child.stdin.close()
+        child.wait(timeout=10)
+    deadline = time.time() + 5
+    while holders([str(device)]) and time.time() < deadline:
+        time.sleep(0.05)
+    assert holders([str(device)]) == []

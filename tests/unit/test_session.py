@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tpunb.debug import DebugCheckError
+from tpunb.modes import Mode, ModeConfig
+from tpunb.runtime import ModeUnavailable, RuntimeChoice
+from tpunb.runtime.native import NativeRuntime
+from tpunb.session import Session
+
+DEBUG = ModeConfig(Mode.DEBUG)
+STRICT = ModeConfig(Mode.STRICT)
+
+
+@pytest.fixture
+def session():
+    s = Session(NativeRuntime(), RuntimeChoice("native", "test"))
+    yield s
+    s.end_cell(None)  # close whatever scope a test left open
+
+
+def nan_op():
+    return torch.log(torch.tensor([-1.0]))
+
+
+def test_set_default_applies_at_once_in_a_script(session):
+    session.set_default(DEBUG)
+    assert session.effective == DEBUG
+    with pytest.raises(DebugCheckError):
+        nan_op()
+    session.set_default(STRICT)
+    assert torch.isnan(nan_op()).all()
+
+
+def test_scopes_nest_and_restore_even_on_error(session):
+    with session.scoped(DEBUG):
+        assert session.effective.mode is Mode.DEBUG
+        with session.scoped(STRICT):
+            nan_op()  # strict inside debug: no check
+        with pytest.raises(DebugCheckError):
+            nan_op()
+        with pytest.raises(ZeroDivisionError), session.scoped(STRICT):
+            1 / 0  # noqa: B018
+        assert session.effective.mode is Mode.DEBUG
+    assert session.effective.mode is Mode.STRICT
+    nan_op()
+
+
+def test_unsupported_modes_are_refused_and_change_nothing(session):
+    session.set_default(DEBUG)
+    events = session.bus.count("mode")
+    for mode in (Mode.FUSED, Mode.COMPILE):
+        with pytest.raises(ModeUnavailable, match=f"{mode.value} mode is not available on the native"):
+            session.set_default(ModeConfig(mode))
+        with pytest.raises(ModeUnavailable), session.scoped(ModeConfig(mode)):
+            pass
+    assert session.effective == DEBUG
+    assert session.bus.count("mode") == events
+
+
+def test_mode_changes_are_published(session):
+    session.set_default(DEBUG, source="magic")
+    record = session.bus.recent("mode")[-1]
+    assert (record.previous, record.current, record.source) == ("strict", "debug", "magic")
+
+
+def test_cells_open_and_close_the_scope_and_record_a_run(session):
+    session.begin_cell(1)
+    session.end_cell(None)  # a notebook: scopes are open only inside cells
+    session.set_default(DEBUG)
+    nan_op()  # between cells: plain PyTorch
+    session.begin_cell(7)
+    with pytest.raises(DebugCheckError) as caught:
+        nan_op()
+    record = session.end_cell(caught.value)
+    assert record.cell == 7 and record.mode == "debug" and record.error == "DebugCheckError"
+    assert record.peak_bytes is None  # the CPU cannot reset its peak per cell
+    assert session.bus.recent("cell")[-1] == record
+    nan_op()
+
+
+def test_cell_mode_leaves_out_strict_when_a_cell_switched(session):
+    session.begin_cell(1)
+    with session.scoped(DEBUG):
+        pass
+    assert session.end_cell(None).mode == "debug"
+    session.begin_cell(2)
+    assert session.end_cell(None).mode == "strict"
+
+
+def test_stats_has_the_documented_keys(session):
+    stats = session.stats()
+    assert {"runtime", "device", "mode", "memory", "cache", "groups"} <= set(stats)
+    assert stats["runtime"] == "native" and stats["mode"] == "strict"
+    assert stats["memory"]["label"] == "host RSS" and stats["memory"]["used"] > 0
+    assert stats["cache"] == {"requests": 0, "hits": 0, "misses": 0, "compiles": 0}
+    assert stats["groups"] == []
