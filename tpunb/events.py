@@ -57,6 +57,34 @@ class CellRun(Record):
     error: str | None
 
 
+@dataclass(frozen=True)
+class FusionGroup(Record):
+    """One flushed group of recorded ops (the fused engine's unit of work)."""
+
+    kind: ClassVar[str] = "group"
+    key: str
+    ops: int
+    top_ops: dict[str, int]
+    input_shapes: list[list[int]]
+    trigger: str  # what flushed it, and where: "item at Cell In[7], line 3"
+    source: str  # where its first op was recorded
+    status: str  # hit | miss | compiling | eager
+    compile_ms: float | None
+    run_ms: float
+    lifted: int  # floats fed as inputs instead of baked in
+
+
+@dataclass(frozen=True)
+class CompileDone(Record):
+    """A group finished compiling (on the worker thread)."""
+
+    kind: ClassVar[str] = "compile"
+    key: str
+    ok: bool
+    compile_ms: float
+    error: str | None
+
+
 Subscriber = Callable[[Record], None]
 
 

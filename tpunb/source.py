@@ -98,11 +98,14 @@ def user_frame(frame: FrameType | None = None) -> FrameType | None:
     return frame
 
 
+def location_of(filename: str, lineno: int) -> SourceLocation:
+    """A labelled location with its source line (when linecache has the file or cell)."""
+    return SourceLocation(
+        filename, lineno, _label(filename, lineno), linecache.getline(filename, lineno).strip()
+    )
+
+
 def locate(frame: FrameType | None = None) -> SourceLocation | None:
     """The user's location for the current call stack (or from ``frame`` outward)."""
     found = user_frame(frame if frame is not None else sys._getframe(1))
-    if found is None:
-        return None
-    filename, lineno = found.f_code.co_filename, found.f_lineno
-    code = linecache.getline(filename, lineno).strip()
-    return SourceLocation(filename, lineno, _label(filename, lineno), code)
+    return location_of(found.f_code.co_filename, found.f_lineno) if found is not None else None

@@ -1,0 +1,163 @@
+"""Compiled groups, keyed by structure; compiled in the background; counted.
+
+A group's *skeleton* key is its ops (floats masked as slots), argument wiring, input
+metadata (shape, stride, offset, dtype, storage alias class), outputs and device. Under a
+skeleton, *variants* differ only in the float values baked in. A float is specialised
+(baked in) until the same skeleton comes back with a different value there; from then on
+that slot is lifted into an input, so a schedule or a bias correction costs one extra
+compile, not one per step.
+
+Compiles never block a cell unless asked (``sync_compile``): the first sighting runs by
+replay while a single worker thread compiles; a failed compile is remembered and that
+variant replays from then on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+LIFTED = "<lifted>"  # stands for a lifted slot's value in a variant key (floats never equal it)
+
+
+@dataclass
+class Variant:
+    """One compiled (or compiling, or failed) graph for a skeleton and float values."""
+
+    lifted: dict[int, tuple[int, torch.dtype]]  # float slot -> (index in scalars, dtype)
+    state: str = "compiling"  # compiling | ready | failed
+    fn: Callable[..., list[torch.Tensor]] | None = None
+    future: Future | None = None
+    compile_ms: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Skeleton:
+    lifted: frozenset[int] = frozenset()
+    last_values: tuple | None = None
+    variants: dict[tuple, Variant] = field(default_factory=dict)
+
+
+@dataclass
+class CacheCounters:
+    requests: int = 0
+    hits: int = 0
+    misses: int = 0
+    compiles: int = 0
+    failures: int = 0
+    compile_ms: float = 0.0
+
+
+CompileJob = Callable[[], Callable[..., list[torch.Tensor]]]
+CompileDone = Callable[[str, Variant], None]
+
+
+class GraphCache:
+    def __init__(self, on_compiled: CompileDone) -> None:
+        self._skeletons: dict[tuple, Skeleton] = {}
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._on_compiled = on_compiled
+        self._warnings: list[str] = []
+        self.counters = CacheCounters()
+
+    def variant(
+        self, skeleton_key: tuple, floats: list[float], lift_dtypes: list[torch.dtype | None]
+    ) -> tuple[Variant | None, tuple, dict[int, tuple[int, torch.dtype]]]:
+        """The variant for these float values (None on a miss), its key and its lifted slots.
+
+        ``lift_dtypes[i]`` is the dtype slot i computes in, or None when it cannot be lifted.
+        """
+        values = tuple(floats)
+        with self._lock:
+            skeleton = self._skeletons.setdefault(skeleton_key, Skeleton())
+            if skeleton.last_values is not None and skeleton.last_values != values:
+                varying = {
+                    i
+                    for i, (old, new) in enumerate(zip(skeleton.last_values, values, strict=True))
+                    if old != new and lift_dtypes[i] is not None
+                }
+                skeleton.lifted = skeleton.lifted | varying
+            skeleton.last_values = values
+            lifted = {slot: (n, lift_dtypes[slot]) for n, slot in enumerate(sorted(skeleton.lifted))}
+            key = tuple(LIFTED if i in skeleton.lifted else v for i, v in enumerate(values))
+            self.counters.requests += 1
+            return skeleton.variants.get(key), key, lifted
+
+    def add(self, skeleton_key: tuple, key: tuple, variant: Variant) -> None:
+        with self._lock:
+            self._skeletons[skeleton_key].variants[key] = variant
+
+    def compile(self, name: str, variant: Variant, job: CompileJob, wait: bool) -> None:
+        """Run ``job`` (build + compile) on the worker thread; with ``wait``, block for it."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpunb-compile")
+        variant.future = self._executor.submit(self._run_job, name, variant, job)
+        if wait:
+            variant.future.result()
+
+    def _run_job(self, name: str, variant: Variant, job: CompileJob) -> None:
+        started = time.perf_counter()
+        try:
+            fn = job()
+        except Exception as error:  # any compiler failure: replay this variant from now on
+            variant.error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            variant.state = "failed"
+            with self._lock:
+                self.counters.failures += 1
+                self._warnings.append(
+                    f"tpunb fused: compiling group {name} failed ({variant.error}); it runs op by op"
+                )
+        else:
+            variant.fn = fn
+            variant.state = "ready"
+            with self._lock:
+                self.counters.compiles += 1
+        variant.compile_ms = (time.perf_counter() - started) * 1000
+        with self._lock:
+            self.counters.compile_ms += variant.compile_ms
+        self._on_compiled(name, variant)
+
+    def count(self, status: str) -> None:
+        with self._lock:
+            if status == "hit":
+                self.counters.hits += 1
+            elif status == "miss":
+                self.counters.misses += 1
+
+    def emit_warnings(self) -> None:
+        """Warn on the caller's thread (compiles fail on the worker), once per failure."""
+        with self._lock:
+            pending, self._warnings = self._warnings, []
+        for message in pending:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def wait_idle(self) -> None:
+        """Block until queued compiles finish (tests and benchmarks)."""
+        if self._executor is not None:
+            self._executor.submit(lambda: None).result()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(s.variants) for s in self._skeletons.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            c = self.counters
+            return {
+                "requests": c.requests,
+                "hits": c.hits,
+                "misses": c.misses,
+                "compiles": c.compiles,
+                "failures": c.failures,
+                "compile_ms": round(c.compile_ms, 1),
+                "graphs": sum(len(s.variants) for s in self._skeletons.values()),
+            }

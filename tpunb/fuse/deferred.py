@@ -1,0 +1,146 @@
+"""DeferredTensor: a tensor whose value is real or still pending in the fused engine.
+
+A wrapper subclass (no storage of its own): shape, stride and dtype are known at once from
+meta inference; ``_value`` holds the real tensor once materialized; ``_pending`` is its
+reference in the engine's trace while its value depends on recorded ops.
+
+Inside a fused scope the engine's dispatch mode sees every op first. Outside one, this
+class's ``__torch_dispatch__`` runs ops eagerly on the real values and returns plain
+tensors, so a parameter adopted by a fused cell keeps working in strict or debug cells.
+Methods that read raw memory without dispatching (``tolist``, ``numpy``, ``data_ptr``,
+``repr``, pickling, ...) materialize first: they are flush points.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from tpunb.fuse.ops import facts
+from tpunb.fuse.trace import Ref, TensorMeta, tensor_meta
+
+if TYPE_CHECKING:
+    from tpunb.fuse.engine import FusionEngine
+
+
+class DeferredTensor(torch.Tensor):
+    _value: torch.Tensor | None
+    _pending: Ref | None
+    _meta: TensorMeta
+    _engine: FusionEngine
+    _error: BaseException | None
+
+    @staticmethod
+    def __new__(
+        cls,
+        meta: TensorMeta,
+        device: torch.device,
+        engine: FusionEngine,
+        value: torch.Tensor | None = None,
+        pending: Ref | None = None,
+    ) -> DeferredTensor:
+        shape, stride, offset, dtype = meta
+        self = torch.Tensor._make_wrapper_subclass(
+            cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device=device
+        )
+        self._value, self._pending, self._meta = value, pending, meta
+        self._engine, self._error = engine, None
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+
+    @classmethod
+    def wrap(cls, value: torch.Tensor, engine: FusionEngine) -> DeferredTensor:
+        """A materialized wrapper around a real tensor (shares its storage)."""
+        return cls(tensor_meta(value), value.device, engine, value=value)
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        # Reached only outside a fused scope (the engine's mode comes first inside one).
+        return run_on_values(func, args, kwargs or {})
+
+    # --- flush points: raw-memory readers -------------------------------------------------
+
+    def real(self, reason: str = "materialize") -> torch.Tensor:
+        """The real tensor, flushing pending work first."""
+        return self._engine.materialize(self, reason)
+
+    def tolist(self) -> Any:
+        return self.real("tolist()").tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        return self.real("numpy()").numpy(force=force)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        array = self.real("numpy()").numpy()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    def data_ptr(self) -> int:
+        return self.real("data_ptr()").data_ptr()
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        return self.real("storage access").untyped_storage()
+
+    def cpu(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self.real("cpu()")
+        return super().cpu(*args, **kwargs)
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        value = self.real("repr()")
+        with _disable_current_modes():  # formatting runs ops: they are not the user's work
+            text = repr(value)
+        return f"Parameter containing:\n{text}" if getattr(self, "_is_param", False) else text
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        # Pickles (and torch.save) as a plain tensor or Parameter: no tpunb needed to load.
+        value = self.real("pickling")
+        if getattr(self, "_is_param", False):
+            return (torch.nn.Parameter, (value, self.requires_grad))
+        return value.__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo: dict) -> torch.Tensor:
+        value = self.real("deepcopy")
+        with _disable_current_modes():
+            value = copy.deepcopy(value, memo)
+        if getattr(self, "_is_param", False):
+            value = torch.nn.Parameter(value, requires_grad=self.requires_grad)
+        memo[id(self)] = value
+        return value
+
+
+def _values(value: Any, reason: str) -> Any:
+    if isinstance(value, DeferredTensor):
+        return value.real(reason)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_values(v, reason) for v in value)
+    return value
+
+
+def run_on_values(func: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """Run ``func`` eagerly on real values. Ops that return one of their (written) arguments
+    return that very object, so in-place ops keep the caller's wrapper; new results are plain."""
+    reason = str(func.overloadpacket)
+    out = func(*_values(args, reason), **{k: _values(v, reason) for k, v in kwargs.items()})
+    return same_objects(func, args, kwargs, out)
+
+
+def written_argument(func_args: tuple, kwargs: dict[str, Any], where: int | str) -> Any:
+    return kwargs[where] if isinstance(where, str) else func_args[where]
+
+
+def same_objects(func: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
+    """Swap in the caller's objects for results that *are* written arguments (``add_``, ``out=``)."""
+    aliases = facts(func).return_aliases
+    if not any(a is not None for a in aliases):
+        return out
+    if len(aliases) == 1:
+        return written_argument(args, kwargs, aliases[0])
+    return tuple(
+        written_argument(args, kwargs, a) if a is not None else o for a, o in zip(aliases, out, strict=True)
+    )

@@ -1,0 +1,589 @@
+"""The native defer-and-fuse engine: record ops, flush them as one compiled group.
+
+Per op (``dispatch``), one of three things happens:
+
+* **record** it: the usual case. Meta inference gives the outputs' shapes at once (and
+  raises shape errors on the user's line); outputs are pending DeferredTensors.
+* **run it eagerly**, flushing first when the op touches pending values: ops that need data
+  (``item``, ``nonzero``, masks), have no meta kernel, write into a tensor the engine does
+  not own, or change device. A slower answer, never a wrong one.
+* **run it as bookkeeping**: ops on 0-dim tensors only (an optimizer's step counter) with
+  nothing pending run eagerly without a flush, so ``step.item()`` does not cut the group.
+
+``flush`` turns the trace into a group: key it, replay it on a first sighting (while the
+worker compiles it) or run the compiled graph, hand the results to the waiting wrappers,
+and publish a FusionGroup record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import weakref
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from tpunb.events import CompileDone, FusionGroup
+from tpunb.fuse.cache import GraphCache, Variant
+from tpunb.fuse.deferred import DeferredTensor, same_objects, written_argument
+from tpunb.fuse.graph import ReplayError, build_graph, liftable, replay
+from tpunb.fuse.meta import MetaCache, NotDeferrable
+from tpunb.fuse.ops import OpFacts, facts
+from tpunb.fuse.trace import FloatSlot, OpRecord, Trace, tensor_meta
+from tpunb.source import locate, location_of, user_frame
+
+#: Default bound on ops per group: compile time grows with graph size (research/fusion.md).
+MAX_OPS = 1000
+
+
+@dataclass(frozen=True)
+class FuseOptions:
+    sync_compile: bool = False  # compile on the first sighting and wait (benchmarks, tests)
+    max_ops: int = MAX_OPS
+
+
+class FusedOpError(RuntimeError):
+    """A recorded op failed when its group ran; names the op and where it was recorded."""
+
+
+class FuseMode(TorchDispatchMode):
+    """Routes every op issued in a fused scope to the engine."""
+
+    def __init__(self, engine: FusionEngine) -> None:
+        super().__init__()
+        self.engine = engine
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        __tracebackhide__ = True
+        return self.engine.dispatch(func, args, kwargs or {})
+
+
+class FusionEngine:
+    def __init__(self, device: torch.device, publish: Any = None) -> None:
+        self.device = torch.device(device)
+        self._publish = publish
+        self.trace = Trace()
+        self.meta = MetaCache()
+        self.cache = GraphCache(self._compiled)
+        self.options = FuseOptions()
+        self.groups = 0
+
+    # --- scopes -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def scope(self, options: FuseOptions, adopt: tuple[Any, ...] = ()) -> Iterator[None]:
+        """Record ops issued inside; flush at the end (also when the block raises)."""
+        previous, self.options = self.options, options
+        self.adopt(*adopt)
+        try:
+            with FuseMode(self):
+                yield
+        finally:
+            try:
+                self.flush("end of fused block")
+            finally:
+                self.options = previous
+
+    def adopt(self, *objects: Any) -> int:
+        """Make modules' parameters and buffers and optimizers' state deferred-capable, in place.
+
+        The tensors keep their identity (``torch.utils.swap_tensors``), so references held
+        by a module, an optimizer or the user stay valid; updates to them then fuse instead
+        of forcing a flush. Returns how many tensors were adopted.
+        """
+        adopted = 0
+        for tensor in _tensors_of(objects):
+            adopted += self._adopt_tensor(tensor)
+        return adopted
+
+    def _adopt_tensor(self, tensor: torch.Tensor) -> int:
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.device != self.device:
+            return 0
+        if not tensor.is_leaf:
+            return 0
+        wrapper = DeferredTensor.wrap(tensor.detach(), self)
+        if isinstance(tensor, torch.nn.Parameter):
+            wrapper._is_param = True
+        if tensor.requires_grad:
+            wrapper.requires_grad_(True)
+        if tensor.grad is not None:
+            wrapper.grad = DeferredTensor.wrap(tensor.grad, self)
+        try:
+            torch.utils.swap_tensors(tensor, wrapper)
+        except RuntimeError:  # referenced from C++ (an autograd graph) or weakly: leave it real
+            return 0
+        return 1
+
+    # --- per op -----------------------------------------------------------------------------
+
+    def dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
+        __tracebackhide__ = True
+        op = facts(func)
+        scan = _Scan()
+        signature = (func, scan.signature(args, op.pointwise), scan.signature(kwargs, op.pointwise))
+        if not scan.tensors and not op.returns_tensor:
+            return func(*args, **kwargs)  # profiler markers and the like
+        if scan.generator:
+            return self._eager(func, op, args, kwargs, scan)
+        try:
+            outputs = self.meta.outputs(
+                signature if scan.hashable else None, func, args, kwargs, scan.metas, op.has_device_arg
+            )
+        except NotDeferrable:
+            outputs = NotDeferrable
+        if not scan.pending and scan.all_scalar and (outputs is NotDeferrable or _all_scalar(outputs)):
+            return self._eager(func, op, args, kwargs, scan, bookkeeping=True)
+        if outputs is NotDeferrable:
+            return self._eager(func, op, args, kwargs, scan)
+        device = self._device_of(args, kwargs, scan)
+        if device is None or scan.writes_real(op, args, kwargs):
+            return self._eager(func, op, args, kwargs, scan)
+        return self._record(func, op, args, kwargs, outputs, device)
+
+    def _device_of(self, args: tuple, kwargs: dict[str, Any], scan: _Scan) -> torch.device | None:
+        """The device the op runs on, or None when it spans devices (run those eagerly)."""
+        devices = {t.device for t in scan.tensors if t.dim() > 0} or {t.device for t in scan.tensors}
+        if "device" in kwargs and kwargs["device"] is not None:
+            devices.add(torch.device(kwargs["device"]))
+        if not devices:
+            return torch.device("cpu")
+        return devices.pop() if len(devices) == 1 else None
+
+    def _eager(
+        self,
+        func: torch._ops.OpOverload,
+        op: OpFacts,
+        args: tuple,
+        kwargs: dict[str, Any],
+        scan: _Scan,
+        bookkeeping: bool = False,
+    ) -> Any:
+        __tracebackhide__ = True
+        if self.trace.ops and (not bookkeeping or scan.hazard(self.trace, op, args, kwargs)):
+            self.flush(op.name)
+        values_args = _values(args)
+        values_kwargs = {k: _values(v) for k, v in kwargs.items()}
+        out = func(*values_args, **values_kwargs)
+        out = same_objects(func, args, kwargs, out)
+        return self._wrap_new(out, args, kwargs)
+
+    def _wrap_new(self, out: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Results of an eager op become materialized wrappers, so later in-place ops on them
+        can still be recorded; arguments handed back (in-place results) stay as they are."""
+        if isinstance(out, DeferredTensor) or _is_argument(out, args, kwargs):
+            return out
+        if isinstance(out, torch.Tensor):
+            return DeferredTensor.wrap(out, self) if out.device == self.device else out
+        if isinstance(out, (list, tuple)):
+            return type(out)(self._wrap_new(o, args, kwargs) for o in out)
+        return out
+
+    def _record(
+        self,
+        func: torch._ops.OpOverload,
+        op: OpFacts,
+        args: tuple,
+        kwargs: dict[str, Any],
+        outputs: Any,
+        device: torch.device,
+    ) -> Any:
+        trace = self.trace
+        if trace.device is not None and trace.device != device:
+            self.flush("device change")
+            trace = self.trace
+        trace.device = device
+        index = len(trace.ops)
+        encoder = _Encoder(trace, func, index, self)
+        enc_args = tuple(encoder.encode(a, position) for position, a in enumerate(args))
+        enc_kwargs = {k: encoder.encode(v, k) for k, v in kwargs.items()}
+        frame = user_frame(sys._getframe(1))
+        multi = isinstance(outputs, list)
+        trace.ops.append(
+            OpRecord(
+                func,
+                enc_args,
+                enc_kwargs,
+                multi,
+                frame.f_code if frame else None,
+                frame.f_lineno if frame else 0,
+            )
+        )
+        trace.op_keys.append((func, enc_args, tuple(enc_kwargs.items())))
+        trace.has_random = trace.has_random or op.random
+        if any(op.view_returns) and encoder.first_ref is not None:
+            trace.roots[index] = encoder.first_ref
+        for where in op.mutated:
+            for target in _tensor_leaves(written_argument(args, kwargs, where)):
+                self._mark_written(target)
+        result = self._results(op, args, kwargs, outputs, index, multi, device)
+        if len(trace.ops) >= self.options.max_ops:
+            self.flush(f"max_ops={self.options.max_ops}")
+        return result
+
+    def _mark_written(self, wrapper: DeferredTensor) -> None:
+        trace = self.trace
+        if wrapper._pending is None:  # a materialized input now has pending writes
+            wrapper._pending = trace.input_ref(wrapper._value)
+            trace.touched.append(weakref.ref(wrapper))
+        trace.mark_written(wrapper._pending)
+
+    def _results(self, op, args, kwargs, outputs, index, multi, device) -> Any:
+        if outputs is None:
+            return None
+        if not multi:
+            if op.return_aliases and op.return_aliases[0] is not None:
+                return written_argument(args, kwargs, op.return_aliases[0])
+            return self._new_pending(outputs, device, ("n", index))
+        aliases = op.return_aliases if len(op.return_aliases) == len(outputs) else ()
+        results = []
+        for k, meta in enumerate(outputs):
+            alias = aliases[k] if aliases else None
+            if alias is not None:
+                results.append(written_argument(args, kwargs, alias))
+            elif meta is None:
+                results.append(None)
+            else:
+                results.append(self._new_pending(meta, device, ("n", index, k)))
+        return results if len(op.return_aliases) == 1 else tuple(results)
+
+    def _new_pending(self, meta: tuple, device: torch.device, ref: tuple) -> DeferredTensor:
+        wrapper = DeferredTensor(meta, device, self, pending=ref)
+        self.trace.touched.append(weakref.ref(wrapper))
+        return wrapper
+
+    # --- materialization ----------------------------------------------------------------------
+
+    def materialize(self, wrapper: DeferredTensor, reason: str) -> torch.Tensor:
+        if wrapper._error is not None:
+            raise FusedOpError(f"this tensor's group failed earlier: {wrapper._error}") from wrapper._error
+        if wrapper._pending is not None or (
+            wrapper._value is not None
+            and self.trace.dirty_storages
+            and wrapper._value.untyped_storage().data_ptr() in self.trace.dirty_storages
+        ):
+            self.flush(reason)
+        if wrapper._error is not None:
+            raise FusedOpError(f"this tensor's group failed: {wrapper._error}") from wrapper._error
+        return wrapper._value
+
+    def flush(self, reason: str) -> None:
+        """Run everything recorded so far as one group."""
+        __tracebackhide__ = True
+        if not self.trace.ops:
+            return
+        with _disable_current_modes(), torch.no_grad():  # the group's own ops are not recorded
+            self._flush(reason)
+
+    def _flush(self, reason: str) -> None:
+        __tracebackhide__ = True
+        trace = self.trace
+        self.trace = Trace()
+        started = time.perf_counter()
+        where = locate(sys._getframe(2))
+        outputs, waiting, written = [], [], []
+        for ref in trace.touched:
+            wrapper = ref()
+            if wrapper is None or wrapper._pending is None:
+                continue
+            if wrapper._pending[0] == "n":
+                outputs.append(wrapper._pending)
+                waiting.append(wrapper)
+            else:
+                written.append(wrapper)
+        self._check_versions(trace)
+        skeleton = (tuple(trace.op_keys), tuple(trace.input_metas), tuple(outputs), trace.device)
+        lift_dtypes = [s.dtype if s.liftable else None for s in trace.float_slots]
+        variant, key, lifted = self.cache.variant(skeleton, trace.floats, lift_dtypes)
+        status = "hit" if variant is not None and variant.state == "ready" else "miss"
+        if variant is None:
+            variant = Variant(lifted=lifted)
+            self.cache.add(skeleton, key, variant)
+            self._schedule(trace, outputs, variant, name=_short_hash(skeleton, key))
+            if variant.state == "ready":
+                status = "miss"
+        elif variant.state == "compiling":
+            status = "compiling"
+        elif variant.state == "failed":
+            status = "eager"
+        self.cache.count(status)
+        try:
+            values = self._run(trace, outputs, variant)
+        except FusedOpError as error:
+            for wrapper in waiting + written:
+                wrapper._pending, wrapper._error = None, error
+            raise
+        for wrapper, value in zip(waiting, values, strict=True):
+            wrapper._value, wrapper._pending = value, None
+        for wrapper in written:
+            wrapper._pending = None
+        self.groups += 1
+        self._publish_group(trace, reason, where, status, variant, key, skeleton, started)
+        self.cache.emit_warnings()
+
+    def _run(self, trace: Trace, outputs: list, variant: Variant) -> list[torch.Tensor]:
+        if variant.state == "ready":
+            args = list(trace.inputs)
+            if variant.lifted:
+                scalars = [
+                    trace.floats[slot] for slot in sorted(variant.lifted, key=lambda s: variant.lifted[s][0])
+                ]
+                args.append(torch.tensor(scalars, dtype=torch.float64, device=trace.device))
+            try:
+                return list(variant.fn(*args))
+            except Exception:  # find the culprit op by replaying (below)
+                pass
+        try:
+            return replay(trace.ops, trace.inputs, trace.floats, outputs)
+        except ReplayError as failure:
+            raise FusedOpError(_describe_failure(trace, failure)) from failure.error
+
+    def _schedule(self, trace: Trace, outputs: list, variant: Variant, name: str) -> None:
+        slot_places = {(s.op, s.where): i for i, s in enumerate(trace.float_slots)}
+        examples = [t.detach() for t in trace.inputs]
+        if variant.lifted:
+            examples.append(torch.zeros(len(variant.lifted), dtype=torch.float64, device=trace.device))
+        ops, floats, lifted = trace.ops, list(trace.floats), dict(variant.lifted)
+
+        def job():
+            from torch._inductor import config as inductor_config
+            from torch._inductor.compile_fx import compile_fx
+
+            graph = build_graph(ops, len(examples) - bool(lifted), floats, lifted, slot_places, outputs)
+            with torch.no_grad(), inductor_config.patch(fallback_random=True):
+                return compile_fx(graph, examples)
+
+        self.cache.compile(name, variant, job, wait=self.options.sync_compile)
+
+    def _check_versions(self, trace: Trace) -> None:
+        for index, (tensor, version) in enumerate(zip(trace.inputs, trace.input_versions, strict=True)):
+            if tensor._version != version:
+                user = next((op for op in trace.ops if _reads_input(op, index)), None)
+                where = _op_location(user) if user else "a recorded op"
+                raise FusedOpError(
+                    f"a tensor read by {where} was changed outside tpunb's view before the group ran "
+                    "(e.g. through numpy); run that code outside fused mode or copy the tensor first"
+                )
+
+    # --- records ------------------------------------------------------------------------------
+
+    def _publish_group(self, trace, reason, where, status, variant, key, skeleton, started) -> None:
+        if self._publish is None:
+            return
+        histogram = Counter(str(op.func.overloadpacket).removeprefix("aten.") for op in trace.ops)
+        first = trace.ops[0]
+        self._publish(
+            FusionGroup(
+                key=_short_hash(skeleton, key),
+                ops=len(trace.ops),
+                top_ops=dict(histogram.most_common(5)),
+                input_shapes=[list(m[0]) for m in trace.input_metas[:8]],
+                trigger=f"{reason} at {where.label}" if where else reason,
+                source=_op_location(first),
+                status=status,
+                compile_ms=variant.compile_ms if status == "miss" and self.options.sync_compile else None,
+                run_ms=(time.perf_counter() - started) * 1000,
+                lifted=len(variant.lifted),
+            )
+        )
+
+    def _compiled(self, name: str, variant: Variant) -> None:
+        if self._publish is not None:
+            self._publish(
+                CompileDone(
+                    key=name,
+                    ok=variant.state == "ready",
+                    compile_ms=variant.compile_ms or 0.0,
+                    error=variant.error,
+                )
+            )
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.cache.snapshot(), "groups": self.groups, "pending_ops": len(self.trace.ops)}
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+class _Scan:
+    """One pass over an op's arguments: the meta-cache signature and the facts policy needs."""
+
+    __slots__ = ("all_scalar", "generator", "hashable", "metas", "pending", "tensors")
+
+    def __init__(self) -> None:
+        self.tensors: list[torch.Tensor] = []
+        self.metas: dict[int, tuple] = {}
+        self.pending = False
+        self.all_scalar = True
+        self.generator = False
+        self.hashable = True
+
+    def signature(self, value: Any, pointwise: bool) -> Any:
+        if isinstance(value, torch.Tensor):
+            if isinstance(value, DeferredTensor):
+                meta = value._meta
+                self.pending = self.pending or value._pending is not None or value._error is not None
+            else:
+                meta = tensor_meta(value)
+            self.metas[id(value)] = meta
+            self.tensors.append(value)
+            self.all_scalar = self.all_scalar and not meta[0]
+            return meta
+        if type(value) is float:
+            return "float" if pointwise else value
+        if isinstance(value, (list, tuple)):
+            return tuple(self.signature(v, pointwise) for v in value)
+        if isinstance(value, dict):
+            return tuple((k, self.signature(v, pointwise)) for k, v in value.items())
+        if isinstance(value, torch.Generator):
+            self.generator = True
+        elif not isinstance(
+            value,
+            (
+                int,
+                bool,
+                str,
+                type(None),
+                torch.dtype,
+                torch.device,
+                torch.layout,
+                torch.memory_format,
+                complex,
+            ),
+        ):
+            self.hashable = False
+        return value
+
+    def writes_real(self, op: OpFacts, args: tuple, kwargs: dict[str, Any]) -> bool:
+        """Whether the op writes into a tensor the engine does not own (a plain tensor)."""
+        for where in op.mutated:
+            for target in _tensor_leaves(written_argument(args, kwargs, where), plain=True):
+                if not isinstance(target, DeferredTensor):
+                    return True
+        return False
+
+    def hazard(self, trace: Trace, op: OpFacts, args: tuple, kwargs: dict[str, Any]) -> bool:
+        """Whether running this op now, before the trace, could read or write the trace's data."""
+        if self.pending or (op.random and trace.has_random):
+            return True
+        written = set()
+        for where in op.mutated:
+            for target in _tensor_leaves(written_argument(args, kwargs, where), plain=True):
+                written.add(id(target))
+        for tensor in self.tensors:
+            value = tensor._value if isinstance(tensor, DeferredTensor) else tensor
+            storage = value.untyped_storage().data_ptr()
+            if storage in trace.dirty_storages or (id(tensor) in written and trace.reads_storage(storage)):
+                return True
+        return False
+
+
+class _Encoder:
+    """Encodes an op's arguments for the trace: tensors -> refs, floats -> slots."""
+
+    def __init__(self, trace: Trace, func: torch._ops.OpOverload, index: int, engine: FusionEngine) -> None:
+        self.trace, self.func, self.index, self.engine = trace, func, index, engine
+        self.first_ref: tuple | None = None
+        self.first_dtype: torch.dtype | None = None
+
+    def encode(self, value: Any, where: int | str, nested: bool = False) -> Any:
+        if isinstance(value, torch.Tensor):
+            ref = self._tensor_ref(value)
+            if self.first_ref is None:
+                self.first_ref, self.first_dtype = ref, value.dtype
+            return ref
+        if type(value) is float:
+            trace = self.trace
+            slot = len(trace.floats)
+            trace.floats.append(value)
+            can_lift = not nested and liftable(self.func, where, self._dtype_for_lift())
+            trace.float_slots.append(FloatSlot(self.index, where, can_lift, self._dtype_for_lift()))
+            return ("f", slot)
+        if isinstance(value, (list, tuple)):
+            return tuple(self.encode(v, where, nested=True) for v in value)
+        return value
+
+    def _dtype_for_lift(self) -> torch.dtype | None:
+        return self.first_dtype
+
+    def _tensor_ref(self, value: torch.Tensor) -> tuple:
+        if isinstance(value, DeferredTensor):
+            if value._error is not None:
+                raise FusedOpError(f"this tensor's group failed earlier: {value._error}") from value._error
+            return value._pending if value._pending is not None else self.trace.input_ref(value._value)
+        return self.trace.input_ref(value)
+
+
+def _values(value: Any) -> Any:
+    if isinstance(value, DeferredTensor):
+        return value._value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_values(v) for v in value)
+    return value
+
+
+def _tensor_leaves(value: Any, plain: bool = False) -> Iterator[Any]:
+    """DeferredTensors in a (possibly list) argument; with ``plain``, every tensor."""
+    if isinstance(value, DeferredTensor) or (plain and isinstance(value, torch.Tensor)):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensor_leaves(item, plain)
+
+
+def _is_argument(out: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
+    return any(out is a for a in args) or any(out is v for v in kwargs.values())
+
+
+def _all_scalar(outputs: Any) -> bool:
+    if outputs is None:
+        return True
+    if isinstance(outputs, list):
+        return all(_all_scalar(o) for o in outputs)
+    return not outputs[0]
+
+
+def _tensors_of(objects: tuple[Any, ...]) -> Iterator[torch.Tensor]:
+    for obj in objects:
+        if isinstance(obj, torch.nn.Module):
+            yield from obj.parameters()
+            yield from obj.buffers()
+        elif isinstance(obj, torch.optim.Optimizer):
+            for group in obj.param_groups:
+                yield from group["params"]
+            for state in obj.state.values():
+                yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+        elif isinstance(obj, torch.Tensor):
+            yield obj
+
+
+def _reads_input(op: OpRecord, index: int) -> bool:
+    target = ("i", index)
+
+    def walk(value: Any) -> bool:
+        if value == target:
+            return True
+        return type(value) is tuple and any(walk(v) for v in value)
+
+    return any(walk(a) for a in op.args) or any(walk(v) for v in op.kwargs.values())
+
+
+def _op_location(op: OpRecord) -> str:
+    return str(location_of(op.code.co_filename, op.line)) if op.code is not None else "(no user frame)"
+
+
+def _describe_failure(trace: Trace, failure: ReplayError) -> str:
+    op = trace.ops[failure.index]
+    return (
+        f"deferred op #{failure.index} {op.func.overloadpacket} failed: {failure.error}\n"
+        f"  recorded at {_op_location(op)}"
+    )
+
+
+def _short_hash(skeleton: tuple, key: tuple) -> str:
+    return f"{hash((skeleton, key)) & 0xFFFFFFFFFFFF:012x}"

@@ -1,0 +1,197 @@
+"""From a recorded group to a runnable one: eager replay, and an FX graph for Inductor.
+
+Both read the same encoded ops (see trace.py). Replay is the first sighting's path and the
+fallback when a compile fails: it runs the recorded aten ops in order, so it is exactly
+what strict mode would have done. The FX graph is what gets compiled; Python floats that
+vary between flushes (Adam's bias corrections, LR schedules) are *lifted*: read from one
+float64 vector input and fed to the Tensor overload of their op, so one compiled graph
+serves every step.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from tpunb.fuse.trace import OpRecord, Ref
+
+aten = torch.ops.aten
+
+# --- resolving encoded arguments ------------------------------------------------------------
+
+
+def is_ref(value: Any) -> bool:
+    return (
+        type(value) is tuple
+        and len(value) in (2, 3)
+        and value[0] in ("i", "n", "f")
+        and type(value[1]) is int
+    )
+
+
+def resolve(value: Any, lookup: Callable[[tuple], Any]) -> Any:
+    """Replace refs in an encoded argument (tuples stand for lists) with ``lookup(ref)``."""
+    if type(value) is tuple:
+        if is_ref(value):
+            return lookup(value)
+        return [resolve(v, lookup) for v in value]
+    return value
+
+
+class ReplayError(Exception):
+    """A recorded op failed when its group ran; ``index`` says which."""
+
+    def __init__(self, index: int, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.index, self.error = index, error
+
+
+def replay(
+    ops: Sequence[OpRecord], inputs: Sequence[torch.Tensor], floats: Sequence[float], outputs: Sequence[Ref]
+) -> list[torch.Tensor]:
+    """Run the recorded ops eagerly, one by one; return the values of ``outputs``."""
+    env: list[Any] = [None] * len(ops)
+
+    def lookup(ref: tuple) -> Any:
+        kind = ref[0]
+        if kind == "i":
+            return inputs[ref[1]]
+        if kind == "f":
+            return floats[ref[1]]
+        value = env[ref[1]]
+        return value[ref[2]] if len(ref) == 3 else value
+
+    for index, op in enumerate(ops):
+        args = [resolve(a, lookup) for a in op.args]
+        kwargs = {k: resolve(v, lookup) for k, v in op.kwargs.items()}
+        try:
+            env[index] = op.func(*args, **kwargs)
+        except Exception as error:
+            raise ReplayError(index, error) from error
+    return [lookup(ref) for ref in outputs]
+
+
+# --- lifting varying floats -----------------------------------------------------------------
+
+Rewrite = Callable[[fx.Graph, list, dict, fx.Node], fx.Node]
+
+
+def _call(graph: fx.Graph, func: Any, *args: Any, **kwargs: Any) -> fx.Node:
+    return graph.call_function(func, tuple(args), kwargs)
+
+
+def _substitute(func: Any, position: int) -> Rewrite:
+    """The float at ``position`` becomes the 0-dim tensor, under ``func`` (a Tensor overload)."""
+
+    def rewrite(graph, args, kwargs, scalar):
+        args = list(args)
+        args[position] = scalar
+        return _call(graph, func, *args, **kwargs)
+
+    return rewrite
+
+
+def _alpha(add_like: Any) -> Rewrite:
+    """``add(x, y, alpha=a)`` -> ``add(x, mul(y, a))``."""
+
+    def rewrite(graph, args, kwargs, scalar):
+        rest = {k: v for k, v in kwargs.items() if k != "alpha"}
+        scaled = _call(graph, aten.mul.Tensor, args[1], scalar)
+        return _call(graph, add_like, args[0], scaled, **rest)
+
+    return rewrite
+
+
+def _addc(add: Any, combine: Any) -> Rewrite:
+    """``addcdiv(x, a, b, value=v)`` -> ``add(x, div(mul(a, v), b))`` (addcmul: ``mul``)."""
+
+    def rewrite(graph, args, kwargs, scalar):
+        scaled = _call(graph, aten.mul.Tensor, args[1], scalar)
+        return _call(graph, add, args[0], _call(graph, combine, scaled, args[2]))
+
+    return rewrite
+
+
+LIFT_RULES: dict[tuple[Any, int | str], Rewrite] = {}
+for _name in ("add", "sub", "mul", "div"):
+    for _suffix in ("", "_"):
+        _tensor = getattr(aten, _name + _suffix).Tensor
+        LIFT_RULES[(_tensor, 1)] = _substitute(_tensor, 1)
+        LIFT_RULES[(getattr(aten, _name + _suffix).Scalar, 1)] = _substitute(_tensor, 1)
+        if _name in ("add", "sub"):
+            LIFT_RULES[(_tensor, "alpha")] = _alpha(_tensor)
+LIFT_RULES.update(
+    {
+        (aten.addcdiv.default, "value"): _addc(aten.add.Tensor, aten.div.Tensor),
+        (aten.addcdiv_.default, "value"): _addc(aten.add_.Tensor, aten.div.Tensor),
+        (aten.addcmul.default, "value"): _addc(aten.add.Tensor, aten.mul.Tensor),
+        (aten.addcmul_.default, "value"): _addc(aten.add_.Tensor, aten.mul.Tensor),
+        (aten.lerp.Scalar, 2): _substitute(aten.lerp.Tensor, 2),
+        (aten.lerp_.Scalar, 2): _substitute(aten.lerp_.Tensor, 2),
+        (aten.pow.Tensor_Scalar, 1): _substitute(aten.pow.Tensor_Tensor, 1),
+        (aten.fill_.Scalar, 1): _substitute(aten.fill_.Tensor, 1),
+        (aten.fill.Scalar, 1): _substitute(aten.fill.Tensor, 1),
+    }
+)
+
+
+def liftable(func: Any, where: int | str, dtype: torch.dtype | None) -> bool:
+    """Whether a float argument can become a graph input (its op has a Tensor form)."""
+    return dtype in (torch.float32, torch.float64) and (func, where) in LIFT_RULES
+
+
+# --- FX graph -------------------------------------------------------------------------------
+
+
+def build_graph(
+    ops: Sequence[OpRecord],
+    input_count: int,
+    floats: Sequence[float],
+    lifted: dict[int, tuple[int, torch.dtype]],
+    slot_places: dict[tuple[int, int | str], int],
+    outputs: Sequence[Ref],
+) -> fx.GraphModule:
+    """An FX graph of the recorded aten ops.
+
+    ``lifted`` maps a float slot to (its index in the scalars vector, the dtype to compute in);
+    ``slot_places`` maps (op index, argument) to the float slot recorded there. With lifted
+    slots the graph takes one more input, the float64 scalars vector.
+    """
+    graph = fx.Graph()
+    inputs = [graph.placeholder(f"in{i}") for i in range(input_count)]
+    scalars = graph.placeholder("scalars") if lifted else None
+    env: list[fx.Node] = []
+    items: dict[tuple[int, int], fx.Node] = {}
+
+    def lookup(ref: tuple) -> Any:
+        kind = ref[0]
+        if kind == "i":
+            return inputs[ref[1]]
+        if kind == "f":
+            return floats[ref[1]]
+        if len(ref) == 2:
+            return env[ref[1]]
+        if ref[1:] not in items:
+            items[ref[1:]] = graph.call_function(operator.getitem, (env[ref[1]], ref[2]))
+        return items[ref[1:]]
+
+    for index, op in enumerate(ops):
+        args = [resolve(a, lookup) for a in op.args]
+        kwargs = {k: resolve(v, lookup) for k, v in op.kwargs.items()}
+        node = None
+        for where in (*range(len(op.args)), *op.kwargs):
+            slot = slot_places.get((index, where))
+            if slot is None or slot not in lifted:
+                continue
+            position, dtype = lifted[slot]
+            scalar = _call(graph, aten.select.int, scalars, 0, position)
+            scalar = _call(graph, aten._to_copy.default, scalar, dtype=dtype)
+            node = LIFT_RULES[(op.func, where)](graph, args, kwargs, scalar)
+            break
+        env.append(node if node is not None else graph.call_function(op.func, tuple(args), kwargs))
+    graph.output([lookup(ref) for ref in outputs])
+    return fx.GraphModule(torch.nn.Module(), graph)

@@ -1,0 +1,75 @@
+"""Facts about an aten op that the engine needs on every call, computed once per op.
+
+Schema walks cost microseconds; the engine records an op in a few, so everything it asks
+of a schema (which arguments it writes, which returns alias which argument, whether it is
+pointwise or random) is read once here and cached by overload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class OpFacts:
+    name: str  # "aten.add_"
+    mutated: tuple[int | str, ...]  # positions (or kwarg names) of arguments the op writes
+    return_aliases: tuple[int | str | None, ...]  # per return: the written argument it *is*, or None
+    view_returns: tuple[bool, ...]  # per return: a view of an input (non-writing alias)
+    returns_tensor: bool  # any Tensor / Tensor[] return
+    pointwise: bool
+    random: bool
+    has_device_arg: bool
+    argument_names: tuple[str, ...]
+
+
+_facts: dict[torch._ops.OpOverload, OpFacts] = {}
+
+
+def _is_tensor_type(type_: torch._C.JitType) -> bool:
+    text = str(type_)
+    return text.startswith("Tensor") or text.startswith("Optional[Tensor") or text == "List[Tensor]"
+
+
+def facts(func: torch._ops.OpOverload) -> OpFacts:
+    found = _facts.get(func)
+    if found is None:
+        found = _facts[func] = _compute(func)
+    return found
+
+
+def _compute(func: torch._ops.OpOverload) -> OpFacts:
+    schema = func._schema
+    arguments = schema.arguments
+    write_sets: dict[str, int | str] = {}
+    mutated: list[int | str] = []
+    for position, argument in enumerate(arguments):
+        alias = argument.alias_info
+        if alias is not None and alias.is_write:
+            where: int | str = argument.name if argument.kwarg_only else position
+            mutated.append(where)
+            for name in alias.before_set:
+                write_sets[name] = where
+    return_aliases: list[int | str | None] = []
+    view_returns: list[bool] = []
+    for ret in schema.returns:
+        alias = ret.alias_info
+        target = None
+        if alias is not None and alias.is_write:
+            target = next((write_sets[n] for n in alias.before_set if n in write_sets), None)
+        return_aliases.append(target)
+        view_returns.append(alias is not None and not alias.is_write)
+    tags = set(func.tags)
+    return OpFacts(
+        name=str(func.overloadpacket),
+        mutated=tuple(mutated),
+        return_aliases=tuple(return_aliases),
+        view_returns=tuple(view_returns),
+        returns_tensor=any(_is_tensor_type(r.type) for r in schema.returns),
+        pointwise=torch.Tag.pointwise in tags,
+        random=torch.Tag.nondeterministic_seeded in tags,
+        has_device_arg=any(a.name == "device" for a in arguments),
+        argument_names=tuple(a.name for a in arguments),
+    )

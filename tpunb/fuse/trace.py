@@ -1,0 +1,95 @@
+"""The recording: ops, their wired-up arguments, the real tensors they read, float slots.
+
+A Trace is plain data between two flushes. Arguments are stored *encoded*: tensors become
+references (``("i", k)`` for the k-th real input, ``("n", op)`` or ``("n", op, k)`` for an
+earlier op's output) and Python floats become slots (``("f", s)``) whose values live in
+``floats``. The encoded ops are at once the cache key's skeleton and the recipe that
+replays or compiles the group, so recording, keying and building never disagree.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from types import CodeType
+from typing import Any
+
+import torch
+
+Ref = tuple  # ("i", k) | ("n", op) | ("n", op, k)
+TensorMeta = tuple  # (shape, stride, storage_offset, dtype)
+
+
+def tensor_meta(t: torch.Tensor) -> TensorMeta:
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
+
+
+@dataclass(slots=True)
+class OpRecord:
+    """One recorded op: what to call, with which (encoded) arguments, from which line."""
+
+    func: torch._ops.OpOverload
+    args: tuple
+    kwargs: dict[str, Any]
+    multi_output: bool  # the op returns a tuple/list: its outputs are ("n", op, k)
+    code: CodeType | None  # the user's frame that issued it (code + line, not the frame)
+    line: int
+
+
+@dataclass(slots=True)
+class FloatSlot:
+    """A Python float argument: kept in the key while it is constant, lifted once it varies."""
+
+    op: int
+    where: int | str  # argument position or kwarg name
+    liftable: bool
+    dtype: torch.dtype | None  # the dtype the op computes in (what a lifted value is cast to)
+
+
+@dataclass
+class Trace:
+    device: torch.device | None = None
+    ops: list[OpRecord] = field(default_factory=list)
+    op_keys: list[tuple] = field(default_factory=list)
+    inputs: list[torch.Tensor] = field(default_factory=list)
+    input_metas: list[tuple] = field(default_factory=list)
+    input_versions: list[int] = field(default_factory=list)
+    input_storages: dict[int, int] = field(default_factory=dict)  # storage ptr -> alias class
+    floats: list[float] = field(default_factory=list)
+    float_slots: list[FloatSlot] = field(default_factory=list)
+    # wrappers whose value this trace decides: new outputs, and inputs written in place
+    touched: list[weakref.ref] = field(default_factory=list)
+    roots: dict[int, Ref] = field(default_factory=dict)  # view op -> the ref it views into
+    dirty_storages: set[int] = field(default_factory=set)  # input storages written in place
+    has_random: bool = False
+    _input_index: dict[int, int] = field(default_factory=dict)
+
+    def input_ref(self, tensor: torch.Tensor) -> Ref:
+        """The reference for a real tensor read by the group (registered once per object)."""
+        index = self._input_index.get(id(tensor))
+        if index is None:
+            index = len(self.inputs)
+            self._input_index[id(tensor)] = index
+            storage = tensor.untyped_storage().data_ptr()
+            alias_class = self.input_storages.setdefault(storage, len(self.input_storages))
+            self.inputs.append(tensor)
+            self.input_metas.append((*tensor_meta(tensor), alias_class))
+            self.input_versions.append(tensor._version)
+        return ("i", index)
+
+    def root_of(self, ref: Ref) -> Ref:
+        """What a ref ultimately views: an input, or the op that made the storage."""
+        while ref[0] == "n" and ref[1] in self.roots:
+            ref = self.roots[ref[1]]
+        return ref
+
+    def mark_written(self, ref: Ref) -> None:
+        root = self.root_of(ref)
+        if root[0] == "i":
+            self.dirty_storages.add(self.inputs[root[1]].untyped_storage().data_ptr())
+
+    def reads_storage(self, storage: int) -> bool:
+        return storage in self.input_storages
+
+    def __len__(self) -> int:
+        return len(self.ops)
