@@ -35,6 +35,12 @@ class TpuMagics(Magics):
     )
     @argument("--allow-nan", action="store_true", help="debug mode: do not stop at a new NaN.")
     @argument("--allow-inf", action="store_true", help="debug mode: do not stop at a new Inf.")
+    @argument(
+        "--sync-compile",
+        action="store_true",
+        help="fused mode: compile a new group before running it (default: run it op by op "
+        "while a background thread compiles it).",
+    )
     @line_cell_magic
     def tpu_mode(self, line: str, cell: str | None = None) -> Any:
         """Show or set the execution mode.
@@ -60,7 +66,9 @@ class TpuMagics(Magics):
             print(mode_table(self.session))
             return None
         try:
-            config = ModeConfig.build(args.mode, allow_nan=args.allow_nan, allow_inf=args.allow_inf)
+            config = ModeConfig.build(
+                args.mode, allow_nan=args.allow_nan, allow_inf=args.allow_inf, sync_compile=args.sync_compile
+            )
             if cell is None:
                 previous = self.session.default.describe()
                 self.session.set_default(config, source="magic")

@@ -59,8 +59,9 @@ class ModeConfig:
     """
 
     mode: Mode = DEFAULT_MODE
-    allow_nan: bool = False
-    allow_inf: bool = False
+    allow_nan: bool = False  # debug: a new NaN is not an error
+    allow_inf: bool = False  # debug: a new Inf is not an error
+    sync_compile: bool = False  # fused: compile a new group before running it, not in the background
 
     @classmethod
     def build(cls, mode: str | Mode, **options: bool) -> ModeConfig:
@@ -76,5 +77,6 @@ class ModeConfig:
 
     def describe(self) -> str:
         """Short text such as ``debug (allow nan)`` for status lines."""
-        flags = [name.replace("_", " ") for name in ("allow_nan", "allow_inf") if getattr(self, name)]
+        options = ("allow_nan", "allow_inf", "sync_compile")
+        flags = [name.replace("_", " ") for name in options if getattr(self, name)]
         return f"{self.mode.value} ({', '.join(flags)})" if flags else self.mode.value

@@ -182,6 +182,7 @@ def get_session() -> Session:
     global _session
     with _session_lock:
         if _session is None:
-            runtime, choice = create_runtime()
-            _session = Session(runtime, choice)
+            bus = EventBus()
+            runtime, choice = create_runtime(publish=bus.publish)
+            _session = Session(runtime, choice, bus)
         return _session

@@ -48,9 +48,9 @@ def test_bad_mode_is_a_usage_error_and_changes_nothing(kernel):
 
 
 def test_unsupported_mode_is_refused_by_name(kernel):
-    result = kernel.run("%tpu_mode fused")
+    result = kernel.run("%tpu_mode compile")
     assert result.error is not None and result.error["ename"] == "UsageError"
-    assert "fused mode is not available on the native runtime" in result.error["evalue"]
+    assert "compile mode is not available on the native runtime" in result.error["evalue"]
     assert kernel.value("tpunb.current_mode()") == "strict"
 
 
@@ -128,4 +128,4 @@ def test_stats_snapshot_from_the_kernel(kernel):
     assert stats["mode"] == "debug"
     assert set(stats["memory"]) == {"used", "peak", "limit", "label"}
     assert stats["cache"] == {"requests": 0, "hits": 0, "misses": 0, "compiles": 0}
-    assert stats["groups"] == []
+    assert stats["groups"] == []  # nothing ran fused yet

@@ -45,6 +45,7 @@ MAX_OPS = 1000
 @dataclass(frozen=True)
 class FuseOptions:
     sync_compile: bool = False  # compile on the first sighting and wait (benchmarks, tests)
+    compile: bool = True  # False: every group replays op by op (isolates recording from Inductor)
     max_ops: int = MAX_OPS
 
 
@@ -304,9 +305,11 @@ class FusionEngine:
         if variant is None:
             variant = Variant(lifted=lifted)
             self.cache.add(skeleton, key, variant)
-            self._schedule(trace, outputs, variant, name=_short_hash(skeleton, key))
-            if variant.state == "ready":
-                status = "miss"
+            if self.options.compile:
+                self._schedule(trace, outputs, variant, name=_short_hash(skeleton, key))
+            else:
+                variant.state = "failed"
+                variant.error = "compilation off"
         elif variant.state == "compiling":
             status = "compiling"
         elif variant.state == "failed":
@@ -367,7 +370,7 @@ class FusionEngine:
                 where = _op_location(user) if user else "a recorded op"
                 raise FusedOpError(
                     f"a tensor read by {where} was changed outside tpunb's view before the group ran "
-                    "(e.g. through numpy); run that code outside fused mode or copy the tensor first"
+                    "(by another thread, or code that bypasses PyTorch's dispatcher); copy the tensor first"
                 )
 
     # --- records ------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import replace
 
+from tpunb.events import Record
 from tpunb.runtime.base import CacheStats, MemoryInfo, ModeUnavailable, Runtime, RuntimeUnavailable
 from tpunb.runtime.detect import RuntimeChoice, detect_runtime
 
@@ -43,9 +45,11 @@ def resolve_choice(choice: RuntimeChoice) -> RuntimeChoice:
     )
 
 
-def create_runtime(choice: RuntimeChoice | None = None) -> tuple[Runtime, RuntimeChoice]:
-    """Build the runtime for ``choice`` (detected when None)."""
+def create_runtime(
+    choice: RuntimeChoice | None = None, publish: Callable[[Record], None] | None = None
+) -> tuple[Runtime, RuntimeChoice]:
+    """Build the runtime for ``choice`` (detected when None); it publishes records to ``publish``."""
     resolved = resolve_choice(choice if choice is not None else detect_runtime())
     module_name, class_name = ADAPTERS[resolved.name].split(":")
     runtime_class = getattr(importlib.import_module(module_name), class_name)
-    return runtime_class(), resolved
+    return runtime_class(publish), resolved

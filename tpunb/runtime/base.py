@@ -36,6 +36,8 @@ class CacheStats:
 class Runtime(Protocol):
     """What every backend answers. Implementations live beside this file."""
 
+    # Constructed as ``Runtime(publish)``: ``publish(record)`` sends FusionGroup and other
+    # records to the event bus.
     name: str  # "native", "xla", "torchtpu"
     device: str  # "cpu", "cuda:0", "xla:0", "tpu:0"
     modes: frozenset[Mode]  # the modes this runtime can run today

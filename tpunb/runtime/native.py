@@ -1,7 +1,8 @@
 """The native runtime: stock PyTorch on the CPU or a CUDA GPU.
 
-strict is plain eager; debug adds tpunb's per-op checks. fused and compile join the
-``modes`` set when their engines land; until then the session refuses them by name.
+strict is plain eager; debug adds tpunb's per-op checks; fused is tpunb's own defer-and-fuse
+engine (``tpunb.fuse``) compiling with Inductor. compile joins the ``modes`` set when it
+lands; until then the session refuses it by name.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ import contextlib
 import os
 import resource
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
 from tpunb.debug import DebugChecks
+from tpunb.events import Record
+from tpunb.fuse import FuseOptions, FusionEngine
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtime.base import CacheStats, MemoryInfo
 
@@ -44,11 +47,12 @@ class NativeRuntime:
     """CPU or CUDA through stock PyTorch."""
 
     name = "native"
-    modes = frozenset({Mode.DEBUG, Mode.STRICT})
+    modes = frozenset({Mode.DEBUG, Mode.STRICT, Mode.FUSED})
 
-    def __init__(self) -> None:
+    def __init__(self, publish: Callable[[Record], None] | None = None) -> None:
         self._cuda = torch.cuda.is_available()
         self.device = f"cuda:{torch.cuda.current_device()}" if self._cuda else "cpu"
+        self.engine = FusionEngine(torch.device(self.device), publish)
 
     @contextlib.contextmanager
     def mode_scope(self, config: ModeConfig) -> Iterator[None]:
@@ -59,6 +63,10 @@ class NativeRuntime:
                 synchronize=torch.cuda.synchronize if self._cuda else None,
             )
             with checks:
+                yield
+        elif config.mode is Mode.FUSED:
+            options = FuseOptions(sync_compile=config.sync_compile)
+            with self.engine.scope(options, adopt=notebook_objects()):
                 yield
         else:
             yield
@@ -84,4 +92,16 @@ class NativeRuntime:
         return False
 
     def cache_stats(self) -> CacheStats:
-        return CacheStats()
+        counters = self.engine.cache.counters
+        return CacheStats(counters.requests, counters.hits, counters.misses, counters.compiles)
+
+
+def notebook_objects() -> tuple[object, ...]:
+    """The notebook's modules and optimizers: what a fused cell adopts before it runs, so
+    their parameters and state update inside the fused group (no-op outside IPython)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return ()
+    kinds = (torch.nn.Module, torch.optim.Optimizer)
+    return tuple(v for v in list(shell.user_ns.values()) if isinstance(v, kinds))

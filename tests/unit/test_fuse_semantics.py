@@ -1,0 +1,277 @@
+"""Fused mode's semantics on the native engine: results, flush points, aliasing, errors.
+
+Groups replay op by op here (``compile=False``) so each test checks recording and
+materialization, not Inductor; test_fuse_training.py covers compiled groups.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tpunb.events import EventBus
+from tpunb.fuse import DeferredTensor, FusedOpError, FuseOptions, FusionEngine
+
+REPLAY = FuseOptions(compile=False)
+
+
+@pytest.fixture
+def bus():
+    return EventBus()
+
+
+@pytest.fixture
+def engine(bus):
+    return FusionEngine(torch.device("cpu"), bus.publish)
+
+
+def groups(bus):
+    return bus.recent("group")
+
+
+def chain(x: torch.Tensor, n: int = 50) -> torch.Tensor:
+    y = x
+    for _ in range(n):
+        y = y + 1
+        y = y * 2
+        y = y - 1
+    return y
+
+
+def test_a_chain_is_one_group_and_equals_eager(engine, bus):
+    x = torch.randn(64, 64)
+    with engine.scope(REPLAY):
+        y = chain(x)
+        assert isinstance(y, DeferredTensor) and y._pending is not None
+        assert y.shape == (64, 64) and y.dtype == torch.float32
+    assert y._pending is None
+    torch.testing.assert_close(y.real(), chain(x))
+    (group,) = groups(bus)
+    assert group.ops == 150 and group.trigger.startswith("end of fused block")
+
+
+def test_factories_inside_the_scope_are_deferred(engine):
+    torch.manual_seed(3)
+    expected = torch.randn(5) + torch.zeros(5)
+    torch.manual_seed(3)
+    with engine.scope(REPLAY):
+        value = torch.randn(5) + torch.zeros(5)
+        assert value._pending is not None
+    torch.testing.assert_close(value.real(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("name", "read"),
+    [
+        ("item", lambda t: t.sum().item()),
+        ("bool", lambda t: bool(t.sum() > 0)),
+        ("tolist", lambda t: t.tolist()),
+        ("numpy", lambda t: t.numpy()),
+        ("repr", repr),
+        ("format", lambda t: f"{t}"),
+        ("cpu", lambda t: t.cpu()),
+        ("data_ptr", lambda t: t.data_ptr()),
+        ("pickle", pickle.dumps),
+        ("torch.save", lambda t: torch.save(t, io.BytesIO())),
+        ("nonzero", lambda t: torch.nonzero(t > 0)),
+        ("mask", lambda t: t[t > 0]),
+    ],
+)
+def test_flush_points(engine, bus, name, read):
+    x = torch.randn(10)
+    with engine.scope(REPLAY):
+        y = x * 3
+        read(y)
+        assert y._pending is None, f"{name} did not flush"
+        assert len(groups(bus)) == 1
+    torch.testing.assert_close(y.real(), x * 3)
+
+
+def test_data_dependent_results_are_right(engine):
+    x = torch.tensor([-1.0, 2.0, -3.0, 4.0])
+    with engine.scope(REPLAY):
+        y = x * 2
+        positives = y[y > 0]
+        count = int((y > 0).sum())
+        z = positives + 1
+    assert count == 2
+    assert z.tolist() == [5.0, 9.0]
+
+
+def test_pickled_and_saved_values_load_as_plain_tensors(engine):
+    with engine.scope(REPLAY):
+        y = torch.arange(4.0) * 2
+    buffer = io.BytesIO()
+    torch.save({"y": y}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)["y"]
+    assert type(loaded) is torch.Tensor and loaded.tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert type(pickle.loads(pickle.dumps(y))) is torch.Tensor
+
+
+def test_max_ops_bounds_a_loop_without_syncs(engine, bus):
+    x = torch.randn(8)
+    with engine.scope(FuseOptions(compile=False, max_ops=100)):
+        y = chain(x, 100)  # 300 ops
+    assert [g.ops for g in groups(bus)] == [100, 100, 100]
+    assert groups(bus)[0].trigger.startswith("max_ops=100")
+    torch.testing.assert_close(y.real(), chain(x, 100))
+
+
+# --- aliasing, views and in-place ------------------------------------------------------------
+
+
+def test_in_place_on_a_pending_base_is_seen_through_a_pending_view(engine):
+    with engine.scope(REPLAY):
+        base = torch.zeros(3, 4)
+        row = base[1]
+        base.add_(1)
+        row.mul_(5)
+    assert base.real().tolist() == [[1.0] * 4, [5.0] * 4, [1.0] * 4]
+    assert row.real().tolist() == [5.0] * 4
+    assert row.real().untyped_storage().data_ptr() == base.real().untyped_storage().data_ptr()
+
+
+def test_in_place_through_a_view_writes_the_materialized_base(engine):
+    with engine.scope(REPLAY):
+        base = torch.zeros(2, 3) + 1
+    with engine.scope(REPLAY):
+        base[0].add_(10)
+        column = base[:, 2]
+        column.mul_(2)
+        assert base.tolist() == [[11.0, 11.0, 22.0], [1.0, 1.0, 2.0]]
+
+
+def test_writes_into_tensors_from_outside_flush_and_run_eagerly(engine, bus):
+    real = torch.zeros(4)
+    with engine.scope(REPLAY):
+        y = real + 1  # reads `real`...
+        real.add_(5)  # ...then writes it: the read must see the old value
+        z = real * 2
+    assert y.real().tolist() == [1.0] * 4
+    assert real.tolist() == [5.0] * 4 and type(real) is torch.Tensor
+    assert z.real().tolist() == [10.0] * 4
+    assert any(g.trigger.startswith("aten.add_") for g in groups(bus))
+
+
+def test_scalar_bookkeeping_does_not_cut_the_group(engine, bus):
+    step = torch.tensor(0.0)
+    x = torch.randn(6)
+    with engine.scope(REPLAY):
+        y = x * 2
+        step += 1
+        value = step.item()
+        y = y + value
+    assert len(groups(bus)) == 1 and value == 1.0
+    torch.testing.assert_close(y.real(), x * 2 + 1)
+
+
+def test_a_captured_tensor_changed_behind_tpunbs_back_is_an_error(engine):
+    real = torch.zeros(3)
+    with pytest.raises(FusedOpError, match="changed outside tpunb's view"), engine.scope(REPLAY):
+        y = real + 1
+        writer = threading.Thread(target=real.add_, args=(7,))  # other threads are not recorded
+        writer.start()
+        writer.join()
+        del y
+    assert engine.trace.ops == []
+
+
+# --- adoption: parameters and optimizer state ---------------------------------------------------
+
+
+def test_adopted_parameters_keep_identity_and_work_outside_fused_mode(engine):
+    model = torch.nn.Linear(4, 2)
+    weight = model.weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert engine.adopt(model, opt) == 2
+    assert model.weight is weight and isinstance(weight, torch.nn.Parameter)
+    assert isinstance(weight, DeferredTensor) and weight.requires_grad and weight.is_leaf
+    assert repr(weight).startswith("Parameter containing:")
+    # strict (no scope): plain eager, plain results, gradients accumulate
+    out = model(torch.randn(3, 4)).sum()
+    assert type(out) is torch.Tensor
+    out.backward()
+    assert weight.grad is not None and weight.grad.shape == (2, 4)
+    before = weight.detach().clone()
+    opt.step()
+    assert not torch.equal(before, weight.detach())
+    state = model.state_dict()
+    assert type(state["weight"]) is torch.Tensor
+
+
+def test_rng_streams_match_eager_for_the_same_seed(engine):
+    x = torch.ones(1000)
+    torch.manual_seed(7)
+    expected = F.dropout(x, 0.5) * torch.rand(1000)
+    torch.manual_seed(7)
+    with engine.scope(REPLAY):
+        got = F.dropout(x, 0.5) * torch.rand(1000)
+    torch.testing.assert_close(got.real(), expected, rtol=0, atol=0)
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+def test_shape_errors_raise_at_the_recording_line(engine):
+    with pytest.raises(RuntimeError, match="size of tensor a") as caught, engine.scope(REPLAY):
+        torch.randn(3) + torch.randn(4)  # the failing line
+    frames = [f for f in caught.traceback if str(f.path) == __file__]
+    assert "the failing line" in str(frames[-1].statement)
+
+
+def test_errors_found_at_flush_name_the_op_and_its_line(engine):
+    table = torch.randn(3, 2)
+    with pytest.raises(FusedOpError) as caught, engine.scope(REPLAY):
+        index = torch.tensor([0, 7]) + 0
+        picked = table.index_select(0, index)  # recorded here, fails when the group runs
+        del picked
+    message = str(caught.value)
+    assert "aten.index_select failed" in message
+    assert "picked = table.index_select(0, index)" in message
+    with engine.scope(REPLAY):  # the engine is usable afterwards
+        assert (table * 1).tolist() == table.tolist()
+
+
+def test_a_failed_groups_tensors_say_so(engine):
+    table = torch.randn(3, 2)
+    with engine.scope(REPLAY):
+        kept = table * 2
+        try:
+            bad = table.index_select(0, torch.tensor([9]) + 0)
+            bad.tolist()
+        except FusedOpError:
+            pass
+    with pytest.raises(FusedOpError, match="group failed"):
+        kept.tolist()
+
+
+def test_interrupting_a_fused_loop_leaves_finished_steps_and_a_working_engine(engine):
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.randn(8, 3)
+    twin = torch.nn.Linear(3, 1)
+    twin.load_state_dict(model.state_dict())
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+    with pytest.raises(KeyboardInterrupt), engine.scope(REPLAY, adopt=(model, opt)):
+        for step in range(10):
+            loss = model(data).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step == 3:
+                raise KeyboardInterrupt
+    for _ in range(4):
+        loss = twin(data).pow(2).mean()
+        twin_opt.zero_grad()
+        loss.backward()
+        twin_opt.step()
+    torch.testing.assert_close(model.weight.detach(), twin.weight.detach())
+    assert engine.trace.ops == []
+    with engine.scope(REPLAY):
+        assert (model.weight * 0).sum().item() == 0.0

@@ -1,0 +1,123 @@
+"""Training loops in fused mode equal strict mode, with a bounded number of compiled graphs.
+
+These compile with Inductor (seconds per graph), so they are few and small.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tpunb.events import EventBus
+from tpunb.fuse import FuseOptions, FusionEngine
+
+COMPILED = FuseOptions(sync_compile=True)
+REPLAY = FuseOptions(compile=False)
+
+
+def make_model(dropout: float = 0.0) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(dropout), torch.nn.Linear(32, 4)
+    )
+
+
+def train(model, opt, data, labels, steps: int, schedule=None) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        loss = F.cross_entropy(model(data), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if schedule is not None:
+            schedule.step()
+        losses.append(loss.item())
+    return losses
+
+
+def batch():
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(32, 16, generator=generator), torch.randint(0, 4, (32,), generator=generator)
+
+
+@pytest.mark.parametrize(
+    ("name", "make_opt", "options", "dropout"),
+    [
+        ("sgd-momentum", lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), REPLAY, 0.0),
+        ("adamw", lambda p: torch.optim.AdamW(p, lr=1e-2), REPLAY, 0.0),
+        ("adamw-dropout", lambda p: torch.optim.AdamW(p, lr=1e-2), REPLAY, 0.3),
+        ("adamw-compiled", lambda p: torch.optim.AdamW(p, lr=1e-2), COMPILED, 0.0),
+        ("sgd-dropout-compiled", lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), COMPILED, 0.3),
+    ],
+)
+def test_fused_training_equals_strict(name, make_opt, options, dropout):
+    data, labels = batch()
+    strict_model = make_model(dropout)
+    fused_model = copy.deepcopy(strict_model)
+    strict_opt, fused_opt = make_opt(strict_model.parameters()), make_opt(fused_model.parameters())
+    torch.manual_seed(5)
+    expected = train(strict_model, strict_opt, data, labels, steps=8)
+    engine = FusionEngine(torch.device("cpu"), EventBus().publish)
+    torch.manual_seed(5)
+    with engine.scope(options, adopt=(fused_model, fused_opt)):
+        got = train(fused_model, fused_opt, data, labels, steps=8)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    for fused_p, strict_p in zip(fused_model.parameters(), strict_model.parameters(), strict=True):
+        torch.testing.assert_close(fused_p.detach(), strict_p.detach(), rtol=1e-4, atol=1e-5)
+    assert engine.groups == 8  # one group per step: forward + backward + update
+
+
+def test_fifty_adamw_steps_with_a_schedule_compile_at_most_three_graphs():
+    data, labels = batch()
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50)
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+    with engine.scope(COMPILED, adopt=(model, opt)):
+        losses = train(model, opt, data, labels, steps=50, schedule=schedule)
+    assert losses[-1] < losses[0] * 0.5
+    stats = engine.stats()
+    assert stats["graphs"] <= 3, stats
+    assert stats["hits"] >= 47
+    statuses = [g.status for g in bus.recent("group")]
+    assert statuses[-1] == "hit" and statuses.count("miss") <= 3
+    assert bus.recent("group")[-1].lifted > 0  # bias corrections and the LR ride as inputs
+
+
+def test_background_compile_replays_first_then_hits():
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+    x = torch.randn(256)
+    expected = float((x * 2 + 1).relu().sum())
+    with engine.scope(FuseOptions()):
+        first = (x * 2 + 1).relu().sum().item()  # a miss: replays while the worker compiles
+    engine.cache.wait_idle()
+    with engine.scope(FuseOptions()):
+        second = (x * 2 + 1).relu().sum().item()
+    assert first == pytest.approx(expected, rel=1e-6) and second == pytest.approx(expected, rel=1e-6)
+    assert [g.status for g in bus.recent("group")] == ["miss", "hit"]
+    stats = engine.stats()
+    assert (stats["misses"], stats["hits"], stats["compiles"]) == (1, 1, 1)
+    assert bus.recent("compile")[-1].ok
+
+
+def test_a_compile_failure_is_remembered_and_the_group_replays(monkeypatch):
+    import torch._inductor.compile_fx as compile_fx_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("inductor exploded")
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", broken)
+    engine = FusionEngine(torch.device("cpu"), EventBus().publish)
+    x = torch.randn(8)
+    with pytest.warns(RuntimeWarning, match="inductor exploded"):
+        for _ in range(3):
+            with engine.scope(COMPILED):
+                y = x * 3
+            torch.testing.assert_close(y.real(), x * 3)
+    stats = engine.stats()
+    assert stats["failures"] == 1 and stats["misses"] == 1 and stats["graphs"] == 1
