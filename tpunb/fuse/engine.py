@@ -41,6 +41,22 @@ from tpunb.source import locate, location_of, user_frame
 #: Default bound on ops per group: compile time grows with graph size (research/fusion.md).
 MAX_OPS = 1000
 
+#: In-place ops that change their tensor's view (shape, strides) but not its data: recorded
+#: like any op; the wrapper's own metadata is then updated to match.
+INPLACE_VIEWS = frozenset(
+    f"aten.{name}"
+    for name in ("as_strided_", "squeeze_", "unsqueeze_", "transpose_", "t_", "swapdims_", "swapaxes_")
+)
+#: In-place ops that replace their tensor's storage: run eagerly, then the wrapper takes the
+#: value's new metadata.
+STORAGE_CHANGING = frozenset({"aten.resize_", "aten.resize_as_", "aten.set_"})
+
+#: Dispatch keys to skip when rewriting a wrapper's own metadata (so the op reaches ATen's
+#: metadata kernel instead of tpunb's dispatch).
+_PYTHON_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
+    torch._C.DispatchKey.PythonTLSSnapshot
+)
+
 
 @dataclass(frozen=True)
 class FuseOptions:
@@ -74,6 +90,7 @@ class FusionEngine:
         self.cache = GraphCache(self._compiled)
         self.options = FuseOptions()
         self.groups = 0
+        self.counts = {"recorded": 0, "eager": 0, "bookkeeping": 0}  # ops, by how they ran
 
     # --- scopes -----------------------------------------------------------------------------
 
@@ -130,7 +147,7 @@ class FusionEngine:
         signature = (func, scan.signature(args, op.pointwise), scan.signature(kwargs, op.pointwise))
         if not scan.tensors and not op.returns_tensor:
             return func(*args, **kwargs)  # profiler markers and the like
-        if scan.generator:
+        if scan.unsupported or op.name in STORAGE_CHANGING:
             return self._eager(func, op, args, kwargs, scan)
         try:
             outputs = self.meta.outputs(
@@ -166,13 +183,22 @@ class FusionEngine:
         bookkeeping: bool = False,
     ) -> Any:
         __tracebackhide__ = True
+        self.counts["bookkeeping" if bookkeeping else "eager"] += 1
         if self.trace.ops and (not bookkeeping or scan.hazard(self.trace, op, args, kwargs)):
             self.flush(op.name)
         values_args = _values(args)
         values_kwargs = {k: _values(v) for k, v in kwargs.items()}
         out = func(*values_args, **values_kwargs)
+        if op.name in STORAGE_CHANGING or op.name in INPLACE_VIEWS:
+            self._refresh_metadata(args, kwargs, op)
         out = same_objects(func, args, kwargs, out)
         return self._wrap_new(out, args, kwargs)
+
+    def _refresh_metadata(self, args: tuple, kwargs: dict[str, Any], op: OpFacts) -> None:
+        """After an eager op changed a wrapped value's view or storage, match the wrapper."""
+        for where in op.mutated:
+            for wrapper in _tensor_leaves(written_argument(args, kwargs, where)):
+                _restride(wrapper, tensor_meta(wrapper._value))
 
     def _wrap_new(self, out: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Results of an eager op become materialized wrappers, so later in-place ops on them
@@ -180,7 +206,8 @@ class FusionEngine:
         if isinstance(out, DeferredTensor) or _is_argument(out, args, kwargs):
             return out
         if isinstance(out, torch.Tensor):
-            return DeferredTensor.wrap(out, self) if out.device == self.device else out
+            plain = out.device != self.device or out.layout != torch.strided or out.is_nested
+            return out if plain else DeferredTensor.wrap(out, self)
         if isinstance(out, (list, tuple)):
             return type(out)(self._wrap_new(o, args, kwargs) for o in out)
         return out
@@ -194,11 +221,20 @@ class FusionEngine:
         outputs: Any,
         device: torch.device,
     ) -> Any:
+        self.counts["recorded"] += 1
         trace = self.trace
         if trace.device is not None and trace.device != device:
             self.flush("device change")
             trace = self.trace
         trace.device = device
+        if op.random:
+            state = _generator(device).get_state()
+            if trace.rng_state is not None and not torch.equal(state, trace.rng_state):
+                self.flush("RNG state changed")  # a reseed between two recorded random ops
+                trace = self.trace
+                trace.device = device
+            if trace.rng_state is None:
+                trace.rng_state = state
         index = len(trace.ops)
         encoder = _Encoder(trace, func, index, self)
         enc_args = tuple(encoder.encode(a, position) for position, a in enumerate(args))
@@ -223,6 +259,8 @@ class FusionEngine:
             for target in _tensor_leaves(written_argument(args, kwargs, where)):
                 self._mark_written(target)
         result = self._results(op, args, kwargs, outputs, index, multi, device)
+        if op.name in INPLACE_VIEWS:
+            _restride(args[0], outputs)
         if len(trace.ops) >= self.options.max_ops:
             self.flush(f"max_ops={self.options.max_ops}")
         return result
@@ -316,13 +354,14 @@ class FusionEngine:
             status = "eager"
         self.cache.count(status)
         try:
-            values = self._run(trace, outputs, variant)
+            with _rng_as_recorded(trace):
+                values = self._run(trace, outputs, variant)
         except FusedOpError as error:
             for wrapper in waiting + written:
                 wrapper._pending, wrapper._error = None, error
             raise
         for wrapper, value in zip(waiting, values, strict=True):
-            wrapper._value, wrapper._pending = value, None
+            wrapper._value, wrapper._pending = _as_recorded(wrapper, value), None
         for wrapper in written:
             wrapper._pending = None
         self.groups += 1
@@ -407,23 +446,87 @@ class FusionEngine:
             )
 
     def stats(self) -> dict[str, Any]:
-        return {**self.cache.snapshot(), "groups": self.groups, "pending_ops": len(self.trace.ops)}
+        return {
+            **self.cache.snapshot(),
+            "groups": self.groups,
+            "pending_ops": len(self.trace.ops),
+            "ops": dict(self.counts),
+        }
 
 
 # --- helpers ----------------------------------------------------------------------------------
 
 
+def _generator(device: torch.device) -> torch.Generator:
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else 0]
+    return torch.default_generator
+
+
+@contextlib.contextmanager
+def _rng_as_recorded(trace: Trace) -> Iterator[None]:
+    """Random ops draw when the group runs, not when recorded: give them the generator state
+    they were recorded under, and give the user back any state set since (a reseed, a
+    ``fork_rng`` block), so streams match strict mode."""
+    if trace.rng_state is None:
+        yield
+        return
+    generator = _generator(trace.device)
+    now = generator.get_state()
+    changed = not torch.equal(now, trace.rng_state)
+    if changed:
+        generator.set_state(trace.rng_state)
+    try:
+        yield
+    finally:
+        if changed:
+            generator.set_state(now)
+
+
+def _restride(wrapper: DeferredTensor, meta: tuple) -> None:
+    """Give a wrapper new metadata (shape, strides, offset) after its value changed in place.
+
+    The wrapper has no data, so this only rewrites its TensorImpl: ATen's own metadata
+    kernels, reached by skipping the Python dispatch keys.
+    """
+    if meta == wrapper._meta:
+        return
+    shape, stride, offset, _ = meta
+    extent = offset + sum((n - 1) * st for n, st in zip(shape, stride, strict=True) if n > 0) + 1
+    with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
+        capacity = torch.Tensor.untyped_storage(wrapper).nbytes() // wrapper.element_size()
+        if extent > capacity:
+            torch.ops.aten.resize_.default(wrapper, [extent])
+        torch.ops.aten.as_strided_.default(wrapper, shape, stride, offset)
+    wrapper._meta = meta
+
+
+def _as_recorded(wrapper: DeferredTensor, value: torch.Tensor) -> torch.Tensor:
+    """The value with the strides its wrapper promised. A few CPU kernels lay out results
+    differently from their meta kernels; later ops were shape-checked against the promise.
+    (Where even the shape differs, e.g. batch norm's unused statistics, the wrapper follows.)"""
+    shape, stride, _, _ = wrapper._meta
+    if tuple(value.shape) != shape:
+        _restride(wrapper, tensor_meta(value))
+        return value
+    if value.numel() == 0 or all(
+        a == b for size, a, b in zip(shape, value.stride(), stride, strict=True) if size > 1
+    ):
+        return value
+    return torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device).copy_(value)
+
+
 class _Scan:
     """One pass over an op's arguments: the meta-cache signature and the facts policy needs."""
 
-    __slots__ = ("all_scalar", "generator", "hashable", "metas", "pending", "tensors")
+    __slots__ = ("all_scalar", "hashable", "metas", "pending", "tensors", "unsupported")
 
     def __init__(self) -> None:
         self.tensors: list[torch.Tensor] = []
         self.metas: dict[int, tuple] = {}
         self.pending = False
         self.all_scalar = True
-        self.generator = False
+        self.unsupported = False  # a generator argument, or a sparse/nested tensor: run eagerly
         self.hashable = True
 
     def signature(self, value: Any, pointwise: bool) -> Any:
@@ -431,6 +534,10 @@ class _Scan:
             if isinstance(value, DeferredTensor):
                 meta = value._meta
                 self.pending = self.pending or value._pending is not None or value._error is not None
+            elif value.layout != torch.strided or value.is_nested:
+                self.unsupported = True
+                self.tensors.append(value)
+                return id(value)
             else:
                 meta = tensor_meta(value)
             self.metas[id(value)] = meta
@@ -444,7 +551,7 @@ class _Scan:
         if isinstance(value, dict):
             return tuple((k, self.signature(v, pointwise)) for k, v in value.items())
         if isinstance(value, torch.Generator):
-            self.generator = True
+            self.unsupported = True
         elif not isinstance(
             value,
             (

@@ -37,6 +37,8 @@ def _to_meta(value: Any, metas: dict[int, TensorMeta]) -> Any:
 
 def _describe_outputs(out: Any) -> Any:
     if isinstance(out, torch.Tensor):
+        if out.layout != torch.strided or out.is_nested:
+            raise NotDeferrable(f"returns a {out.layout} tensor")
         return (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype)
     if isinstance(out, (list, tuple)):  # a list marks several outputs (a TensorMeta is a tuple)
         return [_describe_outputs(o) for o in out]
@@ -76,7 +78,10 @@ class MetaCache:
             out = func(*meta_args, **meta_kwargs)
         except Exception as error:  # no meta kernel, data-dependent, or a user error
             raise NotDeferrable(f"{type(error).__name__}: {error}") from error
-        described = _describe_outputs(out)
+        try:
+            described = _describe_outputs(out)
+        except RuntimeError as error:  # e.g. a sparse result has no strides
+            raise NotDeferrable(str(error)) from error
         if key is not None:
             self._cache[key] = described
         return described

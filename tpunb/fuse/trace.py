@@ -62,6 +62,7 @@ class Trace:
     roots: dict[int, Ref] = field(default_factory=dict)  # view op -> the ref it views into
     dirty_storages: set[int] = field(default_factory=set)  # input storages written in place
     has_random: bool = False
+    rng_state: torch.Tensor | None = None  # the generator's state when the first random op was recorded
     _input_index: dict[int, int] = field(default_factory=dict)
 
     def input_ref(self, tensor: torch.Tensor) -> Ref:
