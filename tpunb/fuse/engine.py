@@ -241,17 +241,10 @@ class FusionEngine:
         enc_kwargs = {k: encoder.encode(v, k) for k, v in kwargs.items()}
         frame = user_frame(sys._getframe(1))
         multi = isinstance(outputs, list)
-        trace.ops.append(
-            OpRecord(
-                func,
-                enc_args,
-                enc_kwargs,
-                multi,
-                frame.f_code if frame else None,
-                frame.f_lineno if frame else 0,
-            )
-        )
-        trace.op_keys.append((func, enc_args, tuple(enc_kwargs.items())))
+        code, line = (frame.f_code, frame.f_lineno) if frame else (None, 0)
+        key = (func, enc_args, tuple(enc_kwargs.items()))
+        # One append commits the op, so an interrupt (KeyboardInterrupt) never leaves half an op.
+        trace.ops.append(OpRecord(func, enc_args, enc_kwargs, multi, code, line, key))
         trace.has_random = trace.has_random or op.random
         if any(op.view_returns) and encoder.first_ref is not None:
             trace.roots[index] = encoder.first_ref
@@ -299,16 +292,14 @@ class FusionEngine:
     # --- materialization ----------------------------------------------------------------------
 
     def materialize(self, wrapper: DeferredTensor, reason: str) -> torch.Tensor:
-        if wrapper._error is not None:
-            raise FusedOpError(f"this tensor's group failed earlier: {wrapper._error}") from wrapper._error
+        _check_not_failed(wrapper)
         if wrapper._pending is not None or (
             wrapper._value is not None
             and self.trace.dirty_storages
             and wrapper._value.untyped_storage().data_ptr() in self.trace.dirty_storages
         ):
             self.flush(reason)
-        if wrapper._error is not None:
-            raise FusedOpError(f"this tensor's group failed: {wrapper._error}") from wrapper._error
+        _check_not_failed(wrapper)
         return wrapper._value
 
     def flush(self, reason: str) -> None:
@@ -336,7 +327,7 @@ class FusionEngine:
             else:
                 written.append(wrapper)
         self._check_versions(trace)
-        skeleton = (tuple(trace.op_keys), tuple(trace.input_metas), tuple(outputs), trace.device)
+        skeleton = (tuple(op.key for op in trace.ops), tuple(trace.input_metas), tuple(outputs), trace.device)
         lift_dtypes = [s.dtype if s.liftable else None for s in trace.float_slots]
         variant, key, lifted = self.cache.variant(skeleton, trace.floats, lift_dtypes)
         status = "hit" if variant is not None and variant.state == "ready" else "miss"
@@ -356,9 +347,11 @@ class FusionEngine:
         try:
             with _rng_as_recorded(trace):
                 values = self._run(trace, outputs, variant)
-        except FusedOpError as error:
-            for wrapper in waiting + written:
+        except BaseException as error:  # failed or interrupted: results are lost, inputs stay real
+            for wrapper in waiting:
                 wrapper._pending, wrapper._error = None, error
+            for wrapper in written:
+                wrapper._pending = None
             raise
         for wrapper, value in zip(waiting, values, strict=True):
             wrapper._value, wrapper._pending = _as_recorded(wrapper, value), None
@@ -623,14 +616,21 @@ class _Encoder:
 
     def _tensor_ref(self, value: torch.Tensor) -> tuple:
         if isinstance(value, DeferredTensor):
-            if value._error is not None:
-                raise FusedOpError(f"this tensor's group failed earlier: {value._error}") from value._error
+            _check_not_failed(value)
             return value._pending if value._pending is not None else self.trace.input_ref(value._value)
         return self.trace.input_ref(value)
 
 
+def _check_not_failed(wrapper: DeferredTensor) -> None:
+    error = wrapper._error
+    if error is not None:
+        detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        raise FusedOpError(f"this tensor's value was lost when its group failed ({detail})") from error
+
+
 def _values(value: Any) -> Any:
     if isinstance(value, DeferredTensor):
+        _check_not_failed(value)
         return value._value
     if isinstance(value, (list, tuple)):
         return type(value)(_values(v) for v in value)

@@ -34,6 +34,7 @@ class OpRecord:
     multi_output: bool  # the op returns a tuple/list: its outputs are ("n", op, k)
     code: CodeType | None  # the user's frame that issued it (code + line, not the frame)
     line: int
+    key: tuple  # (func, encoded args, encoded kwargs): this op's part of the group's key
 
 
 @dataclass(slots=True)
@@ -49,8 +50,7 @@ class FloatSlot:
 @dataclass
 class Trace:
     device: torch.device | None = None
-    ops: list[OpRecord] = field(default_factory=list)
-    op_keys: list[tuple] = field(default_factory=list)
+    ops: list[OpRecord] = field(default_factory=list)  # appending an op is its one commit point
     inputs: list[torch.Tensor] = field(default_factory=list)
     input_metas: list[tuple] = field(default_factory=list)
     input_versions: list[int] = field(default_factory=list)

@@ -1,0 +1,73 @@
+"""Fused mode through a real kernel: a training cell, its groups and cache hits, interrupts."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+SETUP = """
+import copy
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+twin = copy.deepcopy(model)
+weight = model[0].weight
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+data, labels = torch.randn(64, 32), torch.randint(0, 4, (64,))
+
+def step(m, o):
+    loss = torch.nn.functional.cross_entropy(m(data), labels)
+    o.zero_grad()
+    loss.backward()
+    o.step()
+    return loss.item()
+"""
+
+
+def test_fused_training_cell_runs_as_cached_groups(kernel):
+    assert kernel.run(SETUP).error is None
+    result = kernel.run("%%tpu_mode fused --sync-compile\nlosses = [step(model, opt) for _ in range(8)]")
+    assert result.error is None, result.error
+    summary = re.search(
+        r"^\[tpunb\] fused · [\d.]+ s · 8 groups · cache (\d+) hit / (\d+) miss$", result.stdout, re.M
+    )
+    assert summary, result.stdout
+    hits, misses = map(int, summary.groups())
+    assert hits >= 5 and misses <= 3
+    stats = kernel.value("tpunb.stats()")
+    assert stats["cache"]["hits"] == hits and stats["cache"]["compiles"] == misses
+    group = stats["groups"][-1]
+    assert {"ops", "key", "trigger", "status", "compile_ms", "run_ms"} <= set(group)
+    assert group["status"] == "hit" and group["ops"] > 40
+    assert re.match(r"aten\._local_scalar_dense at Cell In\[\d+\], line \d+", group["trigger"]), group
+    assert "loss = torch.nn.functional.cross_entropy(m(data), labels)" in group["source"], group
+    expected = kernel.value("[step(twin, twin_opt) for _ in range(8)]")
+    assert kernel.value("losses") == pytest.approx(expected, rel=1e-5)
+    assert kernel.value("model[0].weight is weight and isinstance(weight, torch.nn.Parameter)") is True
+    # outside fused cells the adopted parameters are ordinary to use
+    strict = kernel.run("extra = step(model, opt)\nprint(type(model(data)).__name__)")
+    assert strict.error is None and strict.stdout.strip() == "Tensor"
+
+
+def test_fused_as_the_default_mode(kernel):
+    assert kernel.run(SETUP).error is None
+    assert kernel.run("%tpu_mode fused").error is None
+    first = kernel.run("y = (data * 2 + 1).relu()\nprint(tpunb.current_mode(), float(y.sum()) > 0)")
+    assert first.error is None and first.stdout.startswith("fused True"), first.stdout
+    assert kernel.value("tpunb.stats()['groups'][-1]['top_ops']") == {"mul": 1, "add": 1, "relu": 1, "sum": 1}
+
+
+def test_interrupting_a_fused_loop_keeps_the_kernel_usable(kernel):
+    assert kernel.run(SETUP).error is None
+    msg_id = kernel.client.execute("%%tpu_mode fused\nwhile True:\n    step(model, opt)\n")
+    time.sleep(8)
+    kernel.manager.interrupt_kernel()
+    result = kernel.collect(msg_id)
+    assert result.error is not None and result.error["ename"] == "KeyboardInterrupt"
+    assert kernel.value("tpunb.current_mode()") == "strict"
+    assert kernel.value("all(bool(torch.isfinite(p).all()) for p in model.parameters())") is True
+    assert kernel.value("tpunb.stats()['cache']['requests'] > 0") is True
+    again = kernel.run("%%tpu_mode fused\nafter = step(model, opt)\nafter")
+    assert again.error is None, again.error
