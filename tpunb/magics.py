@@ -21,7 +21,7 @@ from tpunb.session import Session
 
 @magics_class
 class TpuMagics(Magics):
-    """``%tpu_mode``, ``%%tpu_mode``, ``%tpu_summary`` and ``%tpu_doctor``."""
+    """``%tpu_mode``, ``%%tpu_mode``, ``%tpu_summary``, ``%tpu_cache`` and ``%tpu_doctor``."""
 
     def __init__(self, shell: Any, session: Session) -> None:
         super().__init__(shell)
@@ -104,6 +104,24 @@ class TpuMagics(Magics):
         if args.state is not None:
             self.session.summary_enabled = args.state == "on"
         print(f"tpunb: cell summaries {'on' if self.session.summary_enabled else 'off'}")
+
+    @magic_arguments()
+    @argument("directory", nargs="?", help="where compiled groups are kept; omit to show it.")
+    @line_magic
+    def tpu_cache(self, line: str) -> None:
+        """Show or set the on-disk compile cache, which makes a restarted kernel's compiles cheap.
+
+        The default is ``TPUNB_CACHE_DIR`` or ``~/.cache/tpunb/inductor``.
+        """
+        from tpunb.fuse.disk_cache import current_cache_dir, use_cache_dir
+
+        args = parse_argstring(self.tpu_cache, line)
+        if args.directory is not None:
+            try:
+                use_cache_dir(args.directory)
+            except OSError as error:
+                raise UsageError(f"%tpu_cache: cannot use {args.directory!r}: {error.strerror}") from None
+        print(f"tpunb: compile cache at {current_cache_dir() or 'the default (set on first use)'}")
 
     @line_magic
     def tpu_doctor(self, line: str) -> None:

@@ -71,3 +71,14 @@ def test_interrupting_a_fused_loop_keeps_the_kernel_usable(kernel):
     assert kernel.value("tpunb.stats()['cache']['requests'] > 0") is True
     again = kernel.run("%%tpu_mode fused\nafter = step(model, opt)\nafter")
     assert again.error is None, again.error
+
+
+def test_compile_cache_directory_holds_the_compiled_groups(kernel, tmp_path):
+    target = tmp_path / "compile-cache"
+    shown = kernel.run(f"%tpu_cache {target}")
+    assert shown.error is None and str(target) in shown.stdout
+    result = kernel.run("%%tpu_mode fused --sync-compile\nz = (torch.randn(300) * 3 + 2).tanh().sum().item()")
+    assert result.error is None, result.error
+    assert any(path.is_file() for path in target.rglob("*")), "the compiled group was not cached on disk"
+    bad = kernel.run("%tpu_cache /proc/forbidden/cache")
+    assert bad.error is not None and bad.error["ename"] == "UsageError"

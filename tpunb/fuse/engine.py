@@ -144,7 +144,7 @@ class FusionEngine:
         __tracebackhide__ = True
         op = facts(func)
         scan = _Scan()
-        signature = (func, scan.signature(args, op.pointwise), scan.signature(kwargs, op.pointwise))
+        signature = (op.id, scan.signature(args, op.pointwise), scan.signature(kwargs, op.pointwise))
         if not scan.tensors and not op.returns_tensor:
             return func(*args, **kwargs)  # profiler markers and the like
         if scan.unsupported or op.name in STORAGE_CHANGING:
@@ -165,13 +165,15 @@ class FusionEngine:
         return self._record(func, op, args, kwargs, outputs, device)
 
     def _device_of(self, args: tuple, kwargs: dict[str, Any], scan: _Scan) -> torch.device | None:
-        """The device the op runs on, or None when it spans devices (run those eagerly)."""
-        devices = {t.device for t in scan.tensors if t.dim() > 0} or {t.device for t in scan.tensors}
-        if "device" in kwargs and kwargs["device"] is not None:
-            devices.add(torch.device(kwargs["device"]))
-        if not devices:
-            return torch.device("cpu")
-        return devices.pop() if len(devices) == 1 else None
+        """The device the op runs on, or None when it spans devices (run those eagerly).
+        0-dim tensors may sit on another device, as in eager PyTorch."""
+        devices = scan.devices or {t.device for t in scan.tensors}
+        requested = kwargs.get("device")
+        if requested is not None:
+            devices = devices | {torch.device(requested)}
+        if len(devices) > 1:
+            return None
+        return devices.pop() if devices else torch.device("cpu")
 
     def _eager(
         self,
@@ -236,13 +238,14 @@ class FusionEngine:
             if trace.rng_state is None:
                 trace.rng_state = state
         index = len(trace.ops)
-        encoder = _Encoder(trace, func, index, self)
-        enc_args = tuple(encoder.encode(a, position) for position, a in enumerate(args))
-        enc_kwargs = {k: encoder.encode(v, k) for k, v in kwargs.items()}
+        encoder = _Encoder(trace, func, index)
+        encode = encoder.encode
+        enc_args = tuple([encode(a, position) for position, a in enumerate(args)])
+        enc_kwargs = {k: encode(v, k) for k, v in kwargs.items()}
         frame = user_frame(sys._getframe(1))
         multi = isinstance(outputs, list)
         code, line = (frame.f_code, frame.f_lineno) if frame else (None, 0)
-        key = (func, enc_args, tuple(enc_kwargs.items()))
+        key = (op.id, enc_args, tuple(enc_kwargs.items()))
         # One append commits the op, so an interrupt (KeyboardInterrupt) never leaves half an op.
         trace.ops.append(OpRecord(func, enc_args, enc_kwargs, multi, code, line, key))
         trace.has_random = trace.has_random or op.random
@@ -327,7 +330,9 @@ class FusionEngine:
             else:
                 written.append(wrapper)
         self._check_versions(trace)
-        skeleton = (tuple(op.key for op in trace.ops), tuple(trace.input_metas), tuple(outputs), trace.device)
+        skeleton = GroupKey(
+            (tuple([op.key for op in trace.ops]), tuple(trace.input_metas), tuple(outputs), trace.device)
+        )
         lift_dtypes = [s.dtype if s.liftable else None for s in trace.float_slots]
         variant, key, lifted = self.cache.variant(skeleton, trace.floats, lift_dtypes)
         status = "hit" if variant is not None and variant.state == "ready" else "miss"
@@ -512,11 +517,12 @@ def _as_recorded(wrapper: DeferredTensor, value: torch.Tensor) -> torch.Tensor:
 class _Scan:
     """One pass over an op's arguments: the meta-cache signature and the facts policy needs."""
 
-    __slots__ = ("all_scalar", "hashable", "metas", "pending", "tensors", "unsupported")
+    __slots__ = ("all_scalar", "devices", "hashable", "metas", "pending", "tensors", "unsupported")
 
     def __init__(self) -> None:
         self.tensors: list[torch.Tensor] = []
         self.metas: dict[int, tuple] = {}
+        self.devices: set[torch.device] = set()  # of tensors with at least one dimension
         self.pending = False
         self.all_scalar = True
         self.unsupported = False  # a generator argument, or a sparse/nested tensor: run eagerly
@@ -526,7 +532,8 @@ class _Scan:
         if isinstance(value, torch.Tensor):
             if isinstance(value, DeferredTensor):
                 meta = value._meta
-                self.pending = self.pending or value._pending is not None or value._error is not None
+                if value._pending is not None or value._error is not None:
+                    self.pending = True
             elif value.layout != torch.strided or value.is_nested:
                 self.unsupported = True
                 self.tensors.append(value)
@@ -535,14 +542,16 @@ class _Scan:
                 meta = tensor_meta(value)
             self.metas[id(value)] = meta
             self.tensors.append(value)
-            self.all_scalar = self.all_scalar and not meta[0]
+            if meta[0]:
+                self.all_scalar = False
+                self.devices.add(value.device)
             return meta
         if type(value) is float:
             return "float" if pointwise else value
         if isinstance(value, (list, tuple)):
-            return tuple(self.signature(v, pointwise) for v in value)
+            return tuple([self.signature(v, pointwise) for v in value])
         if isinstance(value, dict):
-            return tuple((k, self.signature(v, pointwise)) for k, v in value.items())
+            return tuple([(k, self.signature(v, pointwise)) for k, v in value.items()])
         if isinstance(value, torch.Generator):
             self.unsupported = True
         elif not isinstance(
@@ -589,8 +598,10 @@ class _Scan:
 class _Encoder:
     """Encodes an op's arguments for the trace: tensors -> refs, floats -> slots."""
 
-    def __init__(self, trace: Trace, func: torch._ops.OpOverload, index: int, engine: FusionEngine) -> None:
-        self.trace, self.func, self.index, self.engine = trace, func, index, engine
+    __slots__ = ("first_dtype", "first_ref", "func", "index", "trace")
+
+    def __init__(self, trace: Trace, func: torch._ops.OpOverload, index: int) -> None:
+        self.trace, self.func, self.index = trace, func, index
         self.first_ref: tuple | None = None
         self.first_dtype: torch.dtype | None = None
 
@@ -695,5 +706,21 @@ def _describe_failure(trace: Trace, failure: ReplayError) -> str:
     )
 
 
-def _short_hash(skeleton: tuple, key: tuple) -> str:
+class GroupKey:
+    """A group's structural key, hashed once: it is looked up several times per flush."""
+
+    __slots__ = ("_hash", "parts")
+
+    def __init__(self, parts: tuple) -> None:
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GroupKey) and self._hash == other._hash and self.parts == other.parts
+
+
+def _short_hash(skeleton: GroupKey, key: tuple) -> str:
     return f"{hash((skeleton, key)) & 0xFFFFFFFFFFFF:012x}"

@@ -14,6 +14,7 @@ import torch
 
 @dataclass(frozen=True)
 class OpFacts:
+    id: int  # a small integer standing for the op in keys (hashing an OpOverload is slow)
     name: str  # "aten.add_"
     mutated: tuple[int | str, ...]  # positions (or kwarg names) of arguments the op writes
     return_aliases: tuple[int | str | None, ...]  # per return: the written argument it *is*, or None
@@ -36,11 +37,11 @@ def _is_tensor_type(type_: torch._C.JitType) -> bool:
 def facts(func: torch._ops.OpOverload) -> OpFacts:
     found = _facts.get(func)
     if found is None:
-        found = _facts[func] = _compute(func)
+        found = _facts[func] = _compute(func, len(_facts))
     return found
 
 
-def _compute(func: torch._ops.OpOverload) -> OpFacts:
+def _compute(func: torch._ops.OpOverload, op_id: int) -> OpFacts:
     schema = func._schema
     arguments = schema.arguments
     write_sets: dict[str, int | str] = {}
@@ -63,6 +64,7 @@ def _compute(func: torch._ops.OpOverload) -> OpFacts:
         view_returns.append(alias is not None and not alias.is_write)
     tags = set(func.tags)
     return OpFacts(
+        id=op_id,
         name=str(func.overloadpacket),
         mutated=tuple(mutated),
         return_aliases=tuple(return_aliases),

@@ -18,6 +18,7 @@ import torch
 from tpunb.debug import DebugChecks
 from tpunb.events import Record
 from tpunb.fuse import FuseOptions, FusionEngine
+from tpunb.fuse.disk_cache import use_cache_dir
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtime.base import CacheStats, MemoryInfo
 
@@ -53,6 +54,7 @@ class NativeRuntime:
         self._cuda = torch.cuda.is_available()
         self.device = f"cuda:{torch.cuda.current_device()}" if self._cuda else "cpu"
         self.engine = FusionEngine(torch.device(self.device), publish)
+        use_cache_dir()
 
     @contextlib.contextmanager
     def mode_scope(self, config: ModeConfig) -> Iterator[None]:
