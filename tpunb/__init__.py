@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from tpunb.runtime import Runtime
+    from tpunb.runtimes import Runtime
 
 __all__ = [
     "__version__",
+    "adopt",
     "current_mode",
     "load_ipython_extension",
     "mode",
@@ -78,6 +79,17 @@ def stats() -> dict[str, Any]:
     from tpunb.session import get_session
 
     return get_session().stats()
+
+
+def adopt(*objects: Any) -> int:
+    """Let modules' parameters and optimizers' state take part in fused groups (in place).
+
+    Fused notebook cells do this for the modules and optimizers in the notebook's namespace;
+    scripts call it once before ``with tpunb.mode("fused")``. Returns how many tensors were
+    adopted (0 on runtimes that fuse without it).
+    """
+    engine = getattr(runtime(), "engine", None)
+    return engine.adopt(*objects) if engine is not None else 0
 
 
 def runtime() -> Runtime:

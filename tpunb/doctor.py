@@ -14,9 +14,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tpunb.runtime import RuntimeUnavailable, detect_runtime, resolve_choice
-from tpunb.runtime.detect import cuda_device_name, installed
-from tpunb.runtime.hardware import TpuHardware, scan_tpu
+from tpunb.runtimes import RuntimeUnavailable, detect_runtime, resolve_choice
+from tpunb.runtimes.detect import cuda_device_name, installed
+from tpunb.runtimes.hardware import TpuHardware, scan_tpu
 
 OK, INFO, WARN, ERROR = "ok", "info", "warn", "error"
 

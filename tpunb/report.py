@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tpunb.events import CellRun
 from tpunb.modes import MODE_DESCRIPTIONS, Mode
-from tpunb.runtime import MemoryInfo
+from tpunb.runtimes import MemoryInfo
 from tpunb.session import Session
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from tpunb.events import CellRun, EventBus, ModeChange
 from tpunb.modes import Mode, ModeConfig
-from tpunb.runtime import CacheStats, ModeUnavailable, Runtime, RuntimeChoice, create_runtime
+from tpunb.runtimes import CacheStats, ModeUnavailable, Runtime, RuntimeChoice, create_runtime
 
 #: How many fusion-group records ``stats()`` returns.
 STATS_GROUPS = 50

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from tpunb.runtime import ADAPTERS, RuntimeUnavailable, create_runtime, detect_runtime, resolve_choice
-from tpunb.runtime.detect import RuntimeChoice, installed
-from tpunb.runtime.hardware import TpuHardware, device_files, holders, scan_pci
+from tpunb.runtimes import ADAPTERS, RuntimeUnavailable, create_runtime, detect_runtime, resolve_choice
+from tpunb.runtimes.detect import RuntimeChoice, installed
+from tpunb.runtimes.hardware import TpuHardware, device_files, holders, scan_pci
 
 NO_TPU = TpuHardware()
 TPU = TpuHardware(chips=4, generation="v6e", device_files=("/dev/vfio/0",))

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from tpunb.doctor import ERROR, OK, WARN, check_torch_pairs, check_tpu, release
-from tpunb.runtime.hardware import TpuHardware
+from tpunb.runtimes.hardware import TpuHardware
 
 DOCUMENTED_KEYS = {"ok", "runtime", "checks", "versions", "tpu"}
 

@@ -5,8 +5,8 @@ import torch
 
 from tpunb.debug import DebugCheckError
 from tpunb.modes import Mode, ModeConfig
-from tpunb.runtime import ModeUnavailable, RuntimeChoice
-from tpunb.runtime.native import NativeRuntime
+from tpunb.runtimes import ModeUnavailable, RuntimeChoice
+from tpunb.runtimes.native import NativeRuntime
 from tpunb.session import Session
 
 DEBUG = ModeConfig(Mode.DEBUG)
@@ -96,3 +96,26 @@ def test_stats_has_the_documented_keys(session):
     assert stats["memory"]["label"] == "host RSS" and stats["memory"]["used"] > 0
     assert set(stats["cache"]) == {"requests", "hits", "misses", "compiles"}
     assert isinstance(stats["groups"], list)
+
+
+def test_script_api_fused_with_adoption():
+    import tpunb
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert tpunb.adopt(model, opt) == 2
+    with tpunb.mode("fused"):
+        assert tpunb.current_mode() == "fused"
+        loss = model(torch.ones(4, 3)).sum()
+        loss.backward()
+        opt.step()
+        assert model.weight._pending is not None  # the update is recorded, not yet run
+    assert model.weight._pending is None and tpunb.current_mode() == "strict"
+    assert tpunb.stats()["groups"][-1]["trigger"].startswith("end of fused block")
+
+
+def test_public_runtime_function_survives_subpackage_imports():
+    import tpunb
+    import tpunb.runtimes.native  # noqa: F401
+
+    assert callable(tpunb.runtime) and tpunb.runtime().name == "native"

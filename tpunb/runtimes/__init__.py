@@ -7,12 +7,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from tpunb.events import Record
-from tpunb.runtime.base import CacheStats, MemoryInfo, ModeUnavailable, Runtime, RuntimeUnavailable
-from tpunb.runtime.detect import RuntimeChoice, detect_runtime
+from tpunb.runtimes.base import CacheStats, MemoryInfo, ModeUnavailable, Runtime, RuntimeUnavailable
+from tpunb.runtimes.detect import RuntimeChoice, detect_runtime
 
 #: Runtime name -> "module:class". The TPU adapters join this table when they land; until
 #: then a detected TPU runtime falls back to native and the load line says so.
-ADAPTERS: dict[str, str] = {"native": "tpunb.runtime.native:NativeRuntime"}
+ADAPTERS: dict[str, str] = {"native": "tpunb.runtimes.native:NativeRuntime"}
 
 __all__ = [
     "ADAPTERS",

@@ -20,7 +20,7 @@ from tpunb.events import Record
 from tpunb.fuse import FuseOptions, FusionEngine
 from tpunb.fuse.disk_cache import use_cache_dir
 from tpunb.modes import Mode, ModeConfig
-from tpunb.runtime.base import CacheStats, MemoryInfo
+from tpunb.runtimes.base import CacheStats, MemoryInfo
 
 
 def _host_rss() -> int | None:

@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tpunb.runtime.base import RuntimeUnavailable
-from tpunb.runtime.hardware import TpuHardware, scan_tpu
+from tpunb.runtimes.base import RuntimeUnavailable
+from tpunb.runtimes.hardware import TpuHardware, scan_tpu
 
 RUNTIME_NAMES = ("native", "xla", "torchtpu")
 ENV_VAR = "TPUNB_RUNTIME"
