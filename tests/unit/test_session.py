@@ -116,6 +116,6 @@ def test_script_api_fused_with_adoption():
 
 def test_public_runtime_function_survives_subpackage_imports():
     import tpunb
-    import tpunb.runtimes.native  # noqa: F401
+    import tpunb.runtimes.native
 
     assert callable(tpunb.runtime) and tpunb.runtime().name == "native"
