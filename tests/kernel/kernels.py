@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import queue
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,13 @@ class Kernel:
         if reply["content"]["status"] == "error":
             result.error = reply["content"]
         return result
+
+    def interrupt_after(self, code: str, seconds: float) -> CellResult:
+        """Run a cell, interrupt the kernel after ``seconds`` (SIGINT, like the stop button)."""
+        msg_id = self.client.execute(code)
+        time.sleep(seconds)
+        self.manager.interrupt_kernel()
+        return self.collect(msg_id)
 
     def value(self, expression: str):
         """Evaluate a JSON-able expression in the kernel and return it."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -61,10 +60,7 @@ def test_fused_as_the_default_mode(kernel):
 
 def test_interrupting_a_fused_loop_keeps_the_kernel_usable(kernel):
     assert kernel.run(SETUP).error is None
-    msg_id = kernel.client.execute("%%tpu_mode fused\nwhile True:\n    step(model, opt)\n")
-    time.sleep(8)
-    kernel.manager.interrupt_kernel()
-    result = kernel.collect(msg_id)
+    result = kernel.interrupt_after("%%tpu_mode fused\nwhile True:\n    step(model, opt)\n", seconds=8)
     assert result.error is not None and result.error["ename"] == "KeyboardInterrupt"
     assert kernel.value("tpunb.current_mode()") == "strict"
     assert kernel.value("all(bool(torch.isfinite(p).all()) for p in model.parameters())") is True

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 NAN_CELL = "%%tpu_mode debug\nx = torch.tensor([-1.0])\ny = torch.log(x)\n"
 
@@ -111,10 +110,9 @@ def test_summary_line_after_non_strict_cells(kernel):
 
 
 def test_interrupt_restores_mode_and_keeps_kernel_usable(kernel):
-    msg_id = kernel.client.execute("%%tpu_mode debug\nt = torch.zeros(8)\nwhile True:\n    t = t + 1\n")
-    time.sleep(3)
-    kernel.manager.interrupt_kernel()
-    result = kernel.collect(msg_id)
+    result = kernel.interrupt_after(
+        "%%tpu_mode debug\nt = torch.zeros(8)\nwhile True:\n    t = t + 1\n", seconds=3
+    )
     assert result.error is not None and result.error["ename"] == "KeyboardInterrupt"
     assert kernel.value("tpunb.current_mode()") == "strict"
     assert kernel.value("bool(torch.all(t == t[0]))") is True

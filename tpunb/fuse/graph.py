@@ -42,6 +42,24 @@ def resolve(value: Any, lookup: Callable[[tuple], Any]) -> Any:
     return value
 
 
+def _lookup(
+    inputs: Sequence[Any], floats: Sequence[float], env: list[Any], item: Callable[[tuple, Any], Any]
+) -> Callable[[tuple], Any]:
+    """Resolve a ref against inputs, float slots and the ops done so far (``env``);
+    ``item(ref, value)`` picks output k of a multi-output op."""
+
+    def lookup(ref: tuple) -> Any:
+        kind = ref[0]
+        if kind == "i":
+            return inputs[ref[1]]
+        if kind == "f":
+            return floats[ref[1]]
+        value = env[ref[1]]
+        return item(ref, value) if len(ref) == 3 else value
+
+    return lookup
+
+
 class ReplayError(Exception):
     """A recorded op failed when its group ran; ``index`` says which."""
 
@@ -55,15 +73,7 @@ def replay(
 ) -> list[torch.Tensor]:
     """Run the recorded ops eagerly, one by one; return the values of ``outputs``."""
     env: list[Any] = [None] * len(ops)
-
-    def lookup(ref: tuple) -> Any:
-        kind = ref[0]
-        if kind == "i":
-            return inputs[ref[1]]
-        if kind == "f":
-            return floats[ref[1]]
-        value = env[ref[1]]
-        return value[ref[2]] if len(ref) == 3 else value
+    lookup = _lookup(inputs, floats, env, lambda ref, value: value[ref[2]])
 
     for index, op in enumerate(ops):
         args = [resolve(a, lookup) for a in op.args]
@@ -167,17 +177,12 @@ def build_graph(
     env: list[fx.Node] = []
     items: dict[tuple[int, int], fx.Node] = {}
 
-    def lookup(ref: tuple) -> Any:
-        kind = ref[0]
-        if kind == "i":
-            return inputs[ref[1]]
-        if kind == "f":
-            return floats[ref[1]]
-        if len(ref) == 2:
-            return env[ref[1]]
+    def item(ref: tuple, node: fx.Node) -> fx.Node:
         if ref[1:] not in items:
-            items[ref[1:]] = graph.call_function(operator.getitem, (env[ref[1]], ref[2]))
+            items[ref[1:]] = graph.call_function(operator.getitem, (node, ref[2]))
         return items[ref[1:]]
+
+    lookup = _lookup(inputs, floats, env, item)
 
     for index, op in enumerate(ops):
         args = [resolve(a, lookup) for a in op.args]
