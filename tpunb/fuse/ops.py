@@ -27,6 +27,11 @@ class OpFacts:
 
 
 _facts: dict[torch._ops.OpOverload, OpFacts] = {}
+_by_id: list[OpFacts] = []
+
+
+def facts_by_id(op_id: int) -> OpFacts:
+    return _by_id[op_id]
 
 
 def _is_tensor_type(type_: torch._C.JitType) -> bool:
@@ -38,6 +43,7 @@ def facts(func: torch._ops.OpOverload) -> OpFacts:
     found = _facts.get(func)
     if found is None:
         found = _facts[func] = _compute(func, len(_facts))
+        _by_id.append(found)
     return found
 
 
