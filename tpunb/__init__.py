@@ -26,6 +26,7 @@ __all__ = [
     "current_mode",
     "load_ipython_extension",
     "mode",
+    "monitor",
     "runtime",
     "set_mode",
     "stats",
@@ -90,6 +91,18 @@ def adopt(*objects: Any) -> int:
     """
     engine = getattr(runtime(), "engine", None)
     return engine.adopt(*objects) if engine is not None else 0
+
+
+def monitor() -> Any:
+    """The live monitor widget (memory, fusion groups, compile cache), updating while cells run.
+
+    Display it as a cell's last expression. Outside a kernel, returns a text snapshot.
+    """
+    from tpunb.monitoring import has_widget_frontend, monitor_widget, text_snapshot
+    from tpunb.session import get_session
+
+    session = get_session()
+    return monitor_widget(session) if has_widget_frontend() else text_snapshot(session)
 
 
 def runtime() -> Runtime:

@@ -21,7 +21,7 @@ from tpunb.session import Session
 
 @magics_class
 class TpuMagics(Magics):
-    """``%tpu_mode``, ``%%tpu_mode``, ``%tpu_summary``, ``%tpu_cache`` and ``%tpu_doctor``."""
+    """``%tpu_mode``, ``%%tpu_mode``, ``%tpu_summary``, ``%tpu_cache``, ``%tpu_monitor``, ``%tpu_doctor``."""
 
     def __init__(self, shell: Any, session: Session) -> None:
         super().__init__(shell)
@@ -122,6 +122,22 @@ class TpuMagics(Magics):
             except OSError as error:
                 raise UsageError(f"%tpu_cache: cannot use {args.directory!r}: {error.strerror}") from None
         print(f"tpunb: compile cache at {current_cache_dir() or 'the default (set on first use)'}")
+
+    @line_magic
+    def tpu_monitor(self, line: str) -> Any:
+        """Show the live monitor: device memory over time, fusion groups, compile cache.
+
+        It updates while long cells run. Without a widget frontend (terminal IPython) it
+        prints a text snapshot; nbconvert and nbval keep the same snapshot as text.
+        """
+        from tpunb.monitoring import has_widget_frontend, monitor_widget, text_snapshot
+
+        if line.strip():
+            raise UsageError("%tpu_monitor takes no arguments")
+        if not has_widget_frontend():
+            print(text_snapshot(self.session))
+            return None
+        return monitor_widget(self.session)
 
     @line_magic
     def tpu_doctor(self, line: str) -> None:

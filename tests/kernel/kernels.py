@@ -30,6 +30,8 @@ class CellResult:
     stderr: str = ""
     error: dict | None = None  # ename, evalue, traceback (from the execute_reply)
     results: list[dict] = field(default_factory=list)  # execute_result data bundles
+    displays: list[dict] = field(default_factory=list)  # display_data data bundles
+    messages: list[dict] = field(default_factory=list)  # every IOPub message seen meanwhile
 
     @property
     def text(self) -> str:
@@ -56,6 +58,7 @@ class Kernel:
                 msg = self.client.get_iopub_msg(timeout=timeout)
             except queue.Empty:
                 raise TimeoutError(f"no idle status for {msg_id} after {timeout} s") from None
+            result.messages.append(msg)
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
@@ -66,6 +69,8 @@ class Kernel:
                     result.stderr += content["text"]
             elif kind == "execute_result":
                 result.results.append(content["data"])
+            elif kind == "display_data":
+                result.displays.append(content["data"])
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         while True:  # the reply says whether the cell failed, UsageErrors included

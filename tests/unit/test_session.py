@@ -114,8 +114,10 @@ def test_script_api_fused_with_adoption():
     assert tpunb.stats()["groups"][-1]["trigger"].startswith("end of fused block")
 
 
-def test_public_runtime_function_survives_subpackage_imports():
+def test_public_functions_survive_subpackage_imports():
     import tpunb
+    import tpunb.monitoring.widget
     import tpunb.runtimes.native
 
     assert callable(tpunb.runtime) and tpunb.runtime().name == "native"
+    assert callable(tpunb.monitor) and tpunb.monitor().startswith("tpunb monitor · native on cpu")

@@ -37,6 +37,7 @@ class Variant:
     future: Future | None = None
     compile_ms: float | None = None
     error: str | None = None
+    code: str | None = None  # the FX graph's Python code, for the monitor
 
 
 @dataclass
@@ -67,6 +68,7 @@ class GraphCache:
         self._executor: ThreadPoolExecutor | None = None
         self._on_compiled = on_compiled
         self._warnings: list[str] = []
+        self._named: dict[str, Variant] = {}
         self.counters = CacheCounters()
 
     def variant(
@@ -98,6 +100,7 @@ class GraphCache:
 
     def compile(self, name: str, variant: Variant, job: CompileJob, wait: bool) -> None:
         """Run ``job`` (build + compile) on the worker thread; with ``wait``, block for it."""
+        self._named[name] = variant
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpunb-compile")
         variant.future = self._executor.submit(self._run_job, name, variant, job)
@@ -139,6 +142,11 @@ class GraphCache:
             pending, self._warnings = self._warnings, []
         for message in pending:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def code(self, name: str) -> str | None:
+        """The FX code of the group named ``name`` (the FusionGroup record's key), if compiled."""
+        variant = self._named.get(name)
+        return variant.code if variant is not None else None
 
     def wait_idle(self) -> None:
         """Block until queued compiles finish (tests and benchmarks)."""

@@ -395,6 +395,7 @@ class FusionEngine:
             from torch._inductor.compile_fx import compile_fx
 
             graph = build_graph(ops, len(examples) - bool(lifted), floats, lifted, slot_places, outputs)
+            variant.code = graph.code
             with torch.no_grad(), inductor_config.patch(fallback_random=True):
                 return compile_fx(graph, examples)
 

@@ -62,6 +62,14 @@ class Runtime(Protocol):
         """The compile-cache counters."""
         ...
 
+    def cache_details(self) -> dict[str, object]:
+        """Extra cache figures for the monitor (compile time, failures, graphs); {} if none."""
+        ...
+
+    def group_graph(self, key: str) -> str | None:
+        """The graph (FX code, StableHLO, HLO) of the fusion group ``key``, where kept."""
+        ...
+
 
 class ModeUnavailable(ModeError):
     """The runtime cannot run the requested mode (yet)."""

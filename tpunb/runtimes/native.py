@@ -97,6 +97,13 @@ class NativeRuntime:
         counters = self.engine.cache.counters
         return CacheStats(counters.requests, counters.hits, counters.misses, counters.compiles)
 
+    def cache_details(self) -> dict[str, object]:
+        stats = self.engine.stats()
+        return {key: stats[key] for key in ("compile_ms", "failures", "graphs", "ops")}
+
+    def group_graph(self, key: str) -> str | None:
+        return self.engine.cache.code(key)
+
 
 def notebook_objects() -> tuple[object, ...]:
     """The notebook's modules and optimizers: what a fused cell adopts before it runs, so

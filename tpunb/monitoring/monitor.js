@@ -1,0 +1,165 @@
+// tpunb monitor: renders the `state` trait the kernel's sampler thread replaces each tick.
+// Everything is rebuilt from state on each change: the state is small and ticks are 2-5 Hz.
+
+const NA = "n/a";
+
+function bytes(n) {
+  if (n === null || n === undefined) return NA;
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let value = n, unit = 0;
+  while (Math.abs(value) >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
+  return unit === 0 ? `${value} B` : `${value.toFixed(1)} ${units[unit]}`;
+}
+
+function ms(value) {
+  return value === null || value === undefined ? NA : `${value.toFixed(1)} ms`;
+}
+
+function element(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function sparkline(points, limit) {
+  const width = 320, height = 48;
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("class", "tpunb-timeline");
+  if (points.length < 2) return svg;
+  const oldest = points[0][0];
+  const span = Math.max(1e-6, -oldest);
+  const top = Math.max(...points.map((p) => p[1]), limit || 0, 1);
+  const path = points
+    .map(([t, used], i) => {
+      const x = ((t - oldest) / span) * width;
+      const y = height - (used / top) * (height - 2) - 1;
+      return `${i ? "L" : "M"}${x.toFixed(1)},${y.toFixed(1)}`;
+    })
+    .join(" ");
+  const line = document.createElementNS("http://www.w3.org/2000/svg", "path");
+  line.setAttribute("d", path);
+  svg.appendChild(line);
+  return svg;
+}
+
+function memorySection(state) {
+  const section = element("section", "tpunb-memory");
+  const memory = state.memory;
+  section.appendChild(element("h4", "", memory ? memory.label : "memory"));
+  const text = memory
+    ? `used ${bytes(memory.used)} · peak ${bytes(memory.peak)} · limit ${bytes(memory.limit)}`
+    : NA;
+  const readout = element("div", "tpunb-readout", text);
+  readout.dataset.role = "memory-text";
+  section.appendChild(readout);
+  if (memory && memory.used !== null && memory.limit) {
+    const bar = element("div", "tpunb-bar");
+    const fill = element("div", "tpunb-bar-fill");
+    fill.style.width = `${Math.min(100, (100 * memory.used) / memory.limit).toFixed(1)}%`;
+    bar.appendChild(fill);
+    if (memory.peak !== null) {
+      const peak = element("div", "tpunb-bar-peak");
+      peak.style.left = `${Math.min(100, (100 * memory.peak) / memory.limit).toFixed(1)}%`;
+      bar.appendChild(peak);
+    }
+    section.appendChild(bar);
+  }
+  section.appendChild(sparkline(state.timeline || [], memory && memory.limit));
+  const cells = state.cells || [];
+  if (cells.length) {
+    const list = element("div", "tpunb-cells");
+    for (const cell of cells.slice(0, 6)) {
+      const peak = cell.peak_bytes === null ? "" : ` · peak ${bytes(cell.peak_bytes)}`;
+      list.appendChild(element("div", "", `[${cell.cell ?? "?"}] ${cell.mode} · ${cell.wall_s.toFixed(2)} s${peak}`));
+    }
+    section.appendChild(list);
+  }
+  return section;
+}
+
+function cacheSection(state) {
+  const section = element("section", "tpunb-cache");
+  section.appendChild(element("h4", "", "compile cache"));
+  const cache = state.cache || {};
+  const details = state.compile || {};
+  const rate = cache.requests ? `${Math.round((100 * cache.hits) / cache.requests)}%` : NA;
+  const rows = [
+    ["requests", cache.requests], ["hits", cache.hits], ["misses", cache.misses], ["hit rate", rate],
+    ["compiles", cache.compiles], ["compile time", ms(details.compile_ms)], ["failed", details.failures ?? NA],
+  ];
+  const table = element("table", "tpunb-kv");
+  for (const [name, value] of rows) {
+    const row = table.insertRow();
+    row.insertCell().textContent = name;
+    row.insertCell().textContent = value === undefined || value === null ? NA : String(value);
+  }
+  section.appendChild(table);
+  const last = state.last_compile;
+  section.appendChild(element("div", "tpunb-note",
+    last ? `last compile: ${last.key} ${last.ok ? "ok" : "failed"} in ${ms(last.compile_ms)}` : "last compile: n/a"));
+  return section;
+}
+
+function groupsSection(state, model) {
+  const section = element("section", "tpunb-groups");
+  const heading = element("h4", "", `fusion groups · ${state.groups_total ?? 0}`);
+  heading.dataset.role = "groups-count";
+  section.appendChild(heading);
+  const table = element("table", "tpunb-group-table");
+  const head = table.createTHead().insertRow();
+  for (const title of ["status", "ops", "top ops", "inputs", "trigger", "compile", "run"]) {
+    head.appendChild(element("th", "", title));
+  }
+  const body = table.createTBody();
+  for (const group of state.groups || []) {
+    const row = body.insertRow();
+    row.className = `tpunb-status-${group.status}`;
+    row.title = `key ${group.key} · recorded at ${group.source}`;
+    const topOps = Object.entries(group.top_ops).map(([name, n]) => `${name}×${n}`).join(" ");
+    const shapes = group.input_shapes.map((s) => `[${s.join(",")}]`).join(" ");
+    for (const value of [group.status, group.ops, topOps, shapes, group.trigger, ms(group.compile_ms), ms(group.run_ms)]) {
+      row.insertCell().textContent = String(value);
+    }
+    row.addEventListener("click", () => model.send({ type: "graph", key: group.key }));
+  }
+  section.appendChild(table);
+  const graph = model.get("graph");
+  if (graph && graph.key) {
+    section.appendChild(element("div", "tpunb-note", `graph of group ${graph.key}`));
+    section.appendChild(element("pre", "tpunb-graph", graph.code));
+  }
+  return section;
+}
+
+function render({ model, el }) {
+  const root = element("div", "tpunb-monitor");
+  el.appendChild(root);
+  const draw = () => {
+    const state = model.get("state") || {};
+    root.replaceChildren();
+    const header = element("div", "tpunb-header");
+    header.appendChild(element("span", "tpunb-title", "tpunb"));
+    header.appendChild(element("span", "", `${state.runtime ?? NA} · ${state.device ?? NA}`));
+    header.appendChild(element("span", `tpunb-mode tpunb-mode-${state.mode}`, state.mode ?? NA));
+    const tick = element("span", "tpunb-tick", `tick ${state.tick ?? 0}`);
+    tick.dataset.role = "tick";
+    header.appendChild(tick);
+    root.appendChild(header);
+    const panels = element("div", "tpunb-panels");
+    panels.appendChild(memorySection(state));
+    panels.appendChild(cacheSection(state));
+    root.appendChild(panels);
+    root.appendChild(groupsSection(state, model));
+  };
+  draw();
+  model.on("change:state", draw);
+  model.on("change:graph", draw);
+  return () => {
+    model.off("change:state", draw);
+    model.off("change:graph", draw);
+  };
+}
+
+export default { render };

@@ -1,0 +1,90 @@
+"""What the monitor shows, as one plain dict per tick, built from the session's records.
+
+The monitor is a view: it reads ``Session.stats()`` and the event bus, never a runtime's
+internals, so a new runtime or a new record kind shows up here without changes. Figures a
+runtime cannot give stay ``None`` (shown as "n/a"), never 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from tpunb.session import Session
+
+#: Memory samples kept for the timeline (about five minutes at 4 Hz).
+TIMELINE_POINTS = 1200
+#: Points sent per tick (the timeline is thinned to this many).
+TIMELINE_SENT = 240
+GROUPS_SHOWN = 25
+CELLS_SHOWN = 12
+
+
+class MonitorState:
+    """Accumulates the memory timeline and builds the dict each tick sends."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.timeline: deque[tuple[float, int]] = deque(maxlen=TIMELINE_POINTS)
+        self.ticks = 0
+
+    def build(self) -> dict[str, Any]:
+        stats = self.session.stats()
+        now = time.time()
+        memory = stats["memory"]
+        if memory is not None and memory["used"] is not None:
+            self.timeline.append((now, memory["used"]))
+        self.ticks += 1
+        bus = self.session.bus
+        groups = [record.as_dict() for record in bus.recent("group", GROUPS_SHOWN)]
+        cells = [record.as_dict() for record in bus.recent("cell", CELLS_SHOWN)]
+        compiles = bus.recent("compile", 1)
+        return {
+            "runtime": stats["runtime"],
+            "device": stats["device"],
+            "mode": stats["mode"],
+            "memory": memory,
+            "timeline": self._thinned_timeline(now),
+            "cells": cells[::-1],
+            "groups": groups[::-1],
+            "groups_total": bus.count("group"),
+            "cache": stats["cache"],
+            "compile": self.session.runtime.cache_details(),
+            "last_compile": compiles[-1].as_dict() if compiles else None,
+            "tick": self.ticks,
+        }
+
+    def _thinned_timeline(self, now: float) -> list[list[float]]:
+        points = list(self.timeline)
+        step = max(1, len(points) // TIMELINE_SENT)
+        return [[round(t - now, 2), used] for t, used in points[::step]]
+
+
+def format_text(state: dict[str, Any]) -> str:
+    """A compact snapshot for places without a widget frontend (terminals, nbconvert)."""
+    from tpunb.report import format_bytes
+
+    memory = state["memory"]
+    if memory is None:
+        memory_text = "memory n/a"
+    else:
+        memory_text = (
+            f"{memory['label']} used {format_bytes(memory['used'])}, peak {format_bytes(memory['peak'])}, "
+            f"limit {format_bytes(memory['limit'])}"
+        )
+    cache = state["cache"]
+    requests = cache.get("requests") or 0
+    rate = f"{cache['hits'] / requests:.0%}" if requests else "n/a"
+    lines = [
+        f"tpunb monitor · {state['runtime']} on {state['device']} · mode {state['mode']}",
+        f"  {memory_text}",
+        f"  compile cache: {requests} requests, {cache['hits']} hits, {cache['misses']} misses "
+        f"(hit rate {rate}), {cache['compiles']} compiles",
+        f"  fusion groups: {state['groups_total']}",
+    ]
+    for group in state["groups"][:5]:
+        ops = ", ".join(f"{name}×{n}" for name, n in group["top_ops"].items())
+        timing = f"{group['ops']:>4} ops {group['run_ms']:8.2f} ms"
+        lines.append(f"    {group['status']:<9} {timing}  {ops}  ({group['trigger']})")
+    return "\n".join(lines)

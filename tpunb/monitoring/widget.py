@@ -1,0 +1,57 @@
+"""The monitor widget: an anywidget (a traitlets class plus one ES module and a stylesheet).
+
+All live data rides in one ``state`` trait, replaced whole each tick, so a tick is one
+message. Clicking a fusion group asks the kernel for its graph (``{"type": "graph"}``
+message); the answer lands in ``graph``. Frontends without widgets show ``repr``: a text
+snapshot.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+
+from tpunb.monitoring.state import format_text
+
+HERE = Path(__file__).parent
+
+
+class MonitorWidget(anywidget.AnyWidget):
+    _esm = HERE / "monitor.js"
+    _css = HERE / "monitor.css"
+
+    state = traitlets.Dict().tag(sync=True)
+    graph = traitlets.Dict().tag(sync=True)  # {"key": ..., "code": ...} for the clicked group
+
+    def __init__(self, graph_of: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._view_count = 0  # let the frontend report how many views show this widget
+        self._ever_viewed = False
+        self._graph_of = graph_of
+        self.on_msg(self._on_message)
+        self.observe(self._on_views, names="_view_count")
+
+    def push(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def wanted(self) -> bool:
+        """Still worth updating: open, and not closed by every view that once showed it."""
+        if self.comm is None:
+            return False
+        return not (self._ever_viewed and self._view_count == 0)
+
+    def _on_views(self, change: dict[str, Any]) -> None:
+        if change["new"]:
+            self._ever_viewed = True
+
+    def _on_message(self, widget: Any, content: dict[str, Any], buffers: list[bytes]) -> None:
+        if content.get("type") == "graph":
+            key = str(content.get("key"))
+            code = self._graph_of(key)
+            self.graph = {"key": key, "code": code or "no graph kept for this group (not compiled)"}
+
+    def __repr__(self) -> str:
+        return format_text(self.state) if self.state else "tpunb monitor (no data yet)"
