@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-GROUPS = ("unit", "kernel", "notebooks")
+GROUPS = ("unit", "kernel", "browser", "notebooks")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

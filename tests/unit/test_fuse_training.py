@@ -121,3 +121,16 @@ def test_a_compile_failure_is_remembered_and_the_group_replays(monkeypatch):
             torch.testing.assert_close(y.real(), x * 3)
     stats = engine.stats()
     assert stats["failures"] == 1 and stats["misses"] == 1 and stats["graphs"] == 1
+
+
+def test_a_shape_storm_stops_compiling_and_warns():
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+    with pytest.warns(RuntimeWarning, match="compiled for 8 different input shapes"):
+        for size in range(1, 13):
+            with engine.scope(COMPILED):
+                y = (torch.ones(size) * 2 + 1).sum()
+            assert y.real().item() == 3.0 * size
+    stats = engine.stats()
+    assert stats["compiles"] == 8 and stats["graphs"] == 12
+    assert [g.status for g in bus.recent("group")][-4:] == ["miss"] * 4

@@ -26,6 +26,10 @@ import torch
 
 LIFTED = "<lifted>"  # stands for a lifted slot's value in a variant key (floats never equal it)
 
+#: Compiled graphs one op sequence may have (one per input shape) before new shapes only
+#: replay: a recompile storm costs seconds per step, replay costs about what strict does.
+STORM_VARIANTS = 8
+
 
 @dataclass
 class Variant:
@@ -69,6 +73,7 @@ class GraphCache:
         self._on_compiled = on_compiled
         self._warnings: list[str] = []
         self._named: dict[str, Variant] = {}
+        self._families: dict[int, int] = {}
         self.counters = CacheCounters()
 
     def variant(
@@ -87,16 +92,36 @@ class GraphCache:
                     for i, (old, new) in enumerate(zip(skeleton.last_values, values, strict=True))
                     if old != new and lift_dtypes[i] is not None
                 }
-                skeleton.lifted = skeleton.lifted | varying
+                if not varying <= skeleton.lifted:
+                    skeleton.lifted = skeleton.lifted | varying
+                    self._drop_superseded(skeleton)
             skeleton.last_values = values
             lifted = {slot: (n, lift_dtypes[slot]) for n, slot in enumerate(sorted(skeleton.lifted))}
             key = tuple(LIFTED if i in skeleton.lifted else v for i, v in enumerate(values))
             self.counters.requests += 1
             return skeleton.variants.get(key), key, lifted
 
+    def _drop_superseded(self, skeleton: Skeleton) -> None:
+        """Variants that bake in a float now lifted will not be asked for again: drop those
+        still waiting to compile (a compile costs seconds of the worker's time)."""
+        for key, variant in list(skeleton.variants.items()):
+            if variant.future is not None and variant.future.cancel():
+                del skeleton.variants[key]
+
     def add(self, skeleton_key: tuple, key: tuple, variant: Variant) -> None:
         with self._lock:
             self._skeletons[skeleton_key].variants[key] = variant
+
+    def storming(self, family: int) -> bool:
+        """Whether a sequence of ops (``family``: a hash of the ops alone) already has
+        ``STORM_VARIANTS`` compiled graphs: then its new shapes replay instead of compiling."""
+        with self._lock:
+            return self._families.get(family, 0) >= STORM_VARIANTS
+
+    def count_family(self, family: int) -> int:
+        with self._lock:
+            self._families[family] = self._families.get(family, 0) + 1
+            return self._families[family]
 
     def compile(self, name: str, variant: Variant, job: CompileJob, wait: bool) -> None:
         """Run ``job`` (build + compile) on the worker thread; with ``wait``, block for it."""

@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from tpunb.events import CompileDone, FusionGroup
-from tpunb.fuse.cache import GraphCache, Variant
+from tpunb.fuse.cache import STORM_VARIANTS, GraphCache, Variant
 from tpunb.fuse.deferred import DeferredTensor, same_objects, written_argument
 from tpunb.fuse.graph import ReplayError, build_graph, liftable, replay
 from tpunb.fuse.meta import MetaCache, NotDeferrable
@@ -339,11 +339,15 @@ class FusionEngine:
         if variant is None:
             variant = Variant(lifted=lifted)
             self.cache.add(skeleton, key, variant)
-            if self.options.compile:
-                self._schedule(trace, outputs, variant, name=_short_hash(skeleton, key))
+            family = hash(tuple([op.key[0] for op in trace.ops]))  # the op sequence, shapes aside
+            if not self.options.compile:
+                variant.state, variant.error = "failed", "compilation off"
+            elif self.cache.storming(family):
+                variant.state, variant.error = "failed", "too many input shapes"
             else:
-                variant.state = "failed"
-                variant.error = "compilation off"
+                if self.cache.count_family(family) == STORM_VARIANTS:
+                    _warn_storm(trace)
+                self._schedule(trace, outputs, variant, name=_short_hash(skeleton, key))
         elif variant.state == "compiling":
             status = "compiling"
         elif variant.state == "failed":
@@ -632,6 +636,18 @@ class _Encoder:
             _check_not_failed(value)
             return value._pending if value._pending is not None else self.trace.input_ref(value._value)
         return self.trace.input_ref(value)
+
+
+def _warn_storm(trace: Trace) -> None:
+    import warnings
+
+    warnings.warn(
+        f"tpunb fused: the group recorded at {_op_location(trace.ops[0])} has been compiled for "
+        f"{STORM_VARIANTS} different input shapes; new shapes now run op by op. Give it fixed "
+        "shapes: pad or bucket sequences, DataLoader(drop_last=True).",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def _check_not_failed(wrapper: DeferredTensor) -> None:

@@ -22,7 +22,7 @@ function element(tag, className, text) {
   return node;
 }
 
-function sparkline(points, limit) {
+function sparkline(points) {
   const width = 320, height = 48;
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
@@ -30,11 +30,14 @@ function sparkline(points, limit) {
   if (points.length < 2) return svg;
   const oldest = points[0][0];
   const span = Math.max(1e-6, -oldest);
-  const top = Math.max(...points.map((p) => p[1]), limit || 0, 1);
+  // Scaled to the samples, not the limit: movement matters more than headroom here.
+  const low = Math.min(...points.map((p) => p[1]));
+  const high = Math.max(...points.map((p) => p[1]));
+  const range = Math.max(high - low, 1);
   const path = points
     .map(([t, used], i) => {
       const x = ((t - oldest) / span) * width;
-      const y = height - (used / top) * (height - 2) - 1;
+      const y = height - ((used - low) / range) * (height - 4) - 2;
       return `${i ? "L" : "M"}${x.toFixed(1)},${y.toFixed(1)}`;
     })
     .join(" ");
@@ -66,7 +69,7 @@ function memorySection(state) {
     }
     section.appendChild(bar);
   }
-  section.appendChild(sparkline(state.timeline || [], memory && memory.limit));
+  section.appendChild(sparkline(state.timeline || []));
   const cells = state.cells || [];
   if (cells.length) {
     const list = element("div", "tpunb-cells");

@@ -17,7 +17,7 @@ from tpunb.session import Session
 TIMELINE_POINTS = 1200
 #: Points sent per tick (the timeline is thinned to this many).
 TIMELINE_SENT = 240
-GROUPS_SHOWN = 25
+GROUPS_SHOWN = 12
 CELLS_SHOWN = 12
 
 
