@@ -16,7 +16,8 @@ CELLS = [
     "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
     "data, labels = torch.randn(128, 256), torch.randint(0, 8, (128,))",
     "%tpu_monitor",
-    "%%tpu_mode fused\nimport time\nstarted, kept = time.monotonic(), []\nwhile time.monotonic() - started < 20:\n"
+    "%%tpu_mode fused\nimport time\nstarted, kept = time.monotonic(), []\n"
+    "while time.monotonic() - started < 20:\n"
     "    kept.append(torch.zeros(64 * 1024))  # 256 KiB a step: memory that visibly grows\n"
     "    loss = torch.nn.functional.cross_entropy(model(data), labels)\n"
     "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n    loss.item()\nprint('done')",
