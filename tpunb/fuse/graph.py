@@ -71,10 +71,15 @@ class ReplayError(Exception):
 def replay(
     ops: Sequence[OpRecord], inputs: Sequence[torch.Tensor], floats: Sequence[float], outputs: Sequence[Ref]
 ) -> list[torch.Tensor]:
-    """Run the recorded ops eagerly, one by one; return the values of ``outputs``."""
+    """Run the recorded ops eagerly, one by one; return the values of ``outputs``.
+
+    Each intermediate is dropped after its last use, as eager code drops it: holding all of
+    them would put every op on fresh memory (page faults) and make replay far slower than
+    strict mode.
+    """
     env: list[Any] = [None] * len(ops)
     lookup = _lookup(inputs, floats, env, lambda ref, value: value[ref[2]])
-
+    last_use = _last_uses(ops, outputs)
     for index, op in enumerate(ops):
         args = [resolve(a, lookup) for a in op.args]
         kwargs = {k: resolve(v, lookup) for k, v in op.kwargs.items()}
@@ -82,7 +87,36 @@ def replay(
             env[index] = op.func(*args, **kwargs)
         except Exception as error:
             raise ReplayError(index, error) from error
+        del args, kwargs
+        for done in last_use.get(index, ()):
+            env[done] = None
     return [lookup(ref) for ref in outputs]
+
+
+def _last_uses(ops: Sequence[OpRecord], outputs: Sequence[Ref]) -> dict[int, list[int]]:
+    """op index -> the earlier ops whose results are not needed after it (outputs are kept)."""
+    last: dict[int, int] = {index: index for index in range(len(ops))}
+
+    def mark(value: Any, user: int) -> None:
+        if type(value) is tuple:
+            if is_ref(value):
+                if value[0] == "n":
+                    last[value[1]] = user
+            else:
+                for item in value:
+                    mark(item, user)
+
+    for index, op in enumerate(ops):
+        for value in op.args:
+            mark(value, index)
+        for value in op.kwargs.values():
+            mark(value, index)
+    for ref in outputs:
+        last.pop(ref[1], None)
+    freed: dict[int, list[int]] = {}
+    for producer, user in last.items():
+        freed.setdefault(user, []).append(producer)
+    return freed
 
 
 # --- lifting varying floats -----------------------------------------------------------------
