@@ -194,3 +194,23 @@ class GraphCache:
                 "compile_ms": round(c.compile_ms, 1),
                 "graphs": sum(len(s.variants) for s in self._skeletons.values()),
             }
+
+
+class GroupKey:
+    """A group's structural key, hashed once: it is looked up several times per flush."""
+
+    __slots__ = ("_hash", "parts")
+
+    def __init__(self, parts: tuple) -> None:
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GroupKey) and self._hash == other._hash and self.parts == other.parts
+
+
+def short_hash(skeleton: GroupKey, key: tuple) -> str:
+    return f"{hash((skeleton, key)) & 0xFFFFFFFFFFFF:012x}"

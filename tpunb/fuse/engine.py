@@ -30,32 +30,28 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from tpunb.events import CompileDone, FusionGroup
-from tpunb.fuse.cache import STORM_VARIANTS, GraphCache, Variant
+from tpunb.fuse.adopt import adopt_tensor, tensors_of
+from tpunb.fuse.cache import STORM_VARIANTS, GraphCache, GroupKey, Variant, short_hash
 from tpunb.fuse.deferred import DeferredTensor, same_objects, written_argument
-from tpunb.fuse.graph import ReplayError, build_graph, liftable, replay
+from tpunb.fuse.errors import (
+    FusedOpError,
+    check_not_failed,
+    describe_failure,
+    op_location,
+    reads_input,
+    warn_storm,
+)
+from tpunb.fuse.graph import ReplayError, build_graph, replay
 from tpunb.fuse.meta import MetaCache, NotDeferrable
 from tpunb.fuse.ops import OpFacts, facts, facts_by_id
-from tpunb.fuse.trace import FloatSlot, OpRecord, Trace, tensor_meta
-from tpunb.source import locate, location_of, user_frame
+from tpunb.fuse.rng import default_generator, rng_as_recorded
+from tpunb.fuse.scan import ArgumentEncoder, ArgumentScan, all_scalar, is_argument, real_values, tensor_leaves
+from tpunb.fuse.trace import OpRecord, Trace, tensor_meta
+from tpunb.fuse.views import INPLACE_VIEWS, STORAGE_CHANGING, as_recorded, restride
+from tpunb.source import locate, user_frame
 
 #: Default bound on ops per group: compile time grows with graph size (research/fusion.md).
 MAX_OPS = 1000
-
-#: In-place ops that change their tensor's view (shape, strides) but not its data: recorded
-#: like any op; the wrapper's own metadata is then updated to match.
-INPLACE_VIEWS = frozenset(
-    f"aten.{name}"
-    for name in ("as_strided_", "squeeze_", "unsqueeze_", "transpose_", "t_", "swapdims_", "swapaxes_")
-)
-#: In-place ops that replace their tensor's storage: run eagerly, then the wrapper takes the
-#: value's new metadata.
-STORAGE_CHANGING = frozenset({"aten.resize_", "aten.resize_as_", "aten.set_"})
-
-#: Dispatch keys to skip when rewriting a wrapper's own metadata (so the op reaches ATen's
-#: metadata kernel instead of tpunb's dispatch).
-_PYTHON_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
-    torch._C.DispatchKey.PythonTLSSnapshot
-)
 
 
 @dataclass(frozen=True)
@@ -63,10 +59,6 @@ class FuseOptions:
     sync_compile: bool = False  # compile on the first sighting and wait (benchmarks, tests)
     compile: bool = True  # False: every group replays op by op (isolates recording from Inductor)
     max_ops: int = MAX_OPS
-
-
-class FusedOpError(RuntimeError):
-    """A recorded op failed when its group ran; names the op and where it was recorded."""
 
 
 class FuseMode(TorchDispatchMode):
@@ -115,35 +107,14 @@ class FusionEngine:
         by a module, an optimizer or the user stay valid; updates to them then fuse instead
         of forcing a flush. Returns how many tensors were adopted.
         """
-        adopted = 0
-        for tensor in _tensors_of(objects):
-            adopted += self._adopt_tensor(tensor)
-        return adopted
-
-    def _adopt_tensor(self, tensor: torch.Tensor) -> int:
-        if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.device != self.device:
-            return 0
-        if not tensor.is_leaf:
-            return 0
-        wrapper = DeferredTensor.wrap(tensor.detach(), self)
-        if isinstance(tensor, torch.nn.Parameter):
-            wrapper._is_param = True
-        if tensor.requires_grad:
-            wrapper.requires_grad_(True)
-        if tensor.grad is not None:
-            wrapper.grad = DeferredTensor.wrap(tensor.grad, self)
-        try:
-            torch.utils.swap_tensors(tensor, wrapper)
-        except RuntimeError:  # referenced from C++ (an autograd graph) or weakly: leave it real
-            return 0
-        return 1
+        return sum(adopt_tensor(tensor, self) for tensor in tensors_of(objects))
 
     # --- per op -----------------------------------------------------------------------------
 
     def dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
         op = facts(func)
-        scan = _Scan()
+        scan = ArgumentScan()
         signature = (op.id, scan.signature(args, op.pointwise), scan.signature(kwargs, op.pointwise))
         if not scan.tensors and not op.returns_tensor:
             return func(*args, **kwargs)  # profiler markers and the like
@@ -155,7 +126,7 @@ class FusionEngine:
             )
         except NotDeferrable:
             outputs = NotDeferrable
-        if not scan.pending and scan.all_scalar and (outputs is NotDeferrable or _all_scalar(outputs)):
+        if not scan.pending and scan.all_scalar and (outputs is NotDeferrable or all_scalar(outputs)):
             return self._eager(func, op, args, kwargs, scan, bookkeeping=True)
         if outputs is NotDeferrable:
             return self._eager(func, op, args, kwargs, scan)
@@ -164,7 +135,7 @@ class FusionEngine:
             return self._eager(func, op, args, kwargs, scan)
         return self._record(func, op, args, kwargs, outputs, device)
 
-    def _device_of(self, args: tuple, kwargs: dict[str, Any], scan: _Scan) -> torch.device | None:
+    def _device_of(self, args: tuple, kwargs: dict[str, Any], scan: ArgumentScan) -> torch.device | None:
         """The device the op runs on, or None when it spans devices (run those eagerly).
         0-dim tensors may sit on another device, as in eager PyTorch."""
         devices = scan.devices or {t.device for t in scan.tensors}
@@ -181,15 +152,15 @@ class FusionEngine:
         op: OpFacts,
         args: tuple,
         kwargs: dict[str, Any],
-        scan: _Scan,
+        scan: ArgumentScan,
         bookkeeping: bool = False,
     ) -> Any:
         __tracebackhide__ = True
         self.counts["bookkeeping" if bookkeeping else "eager"] += 1
         if self.trace.ops and (not bookkeeping or scan.hazard(self.trace, op, args, kwargs)):
             self.flush(op.name)
-        values_args = _values(args)
-        values_kwargs = {k: _values(v) for k, v in kwargs.items()}
+        values_args = real_values(args)
+        values_kwargs = {k: real_values(v) for k, v in kwargs.items()}
         out = func(*values_args, **values_kwargs)
         if op.name in STORAGE_CHANGING or op.name in INPLACE_VIEWS:
             self._refresh_metadata(args, kwargs, op)
@@ -199,13 +170,13 @@ class FusionEngine:
     def _refresh_metadata(self, args: tuple, kwargs: dict[str, Any], op: OpFacts) -> None:
         """After an eager op changed a wrapped value's view or storage, match the wrapper."""
         for where in op.mutated:
-            for wrapper in _tensor_leaves(written_argument(args, kwargs, where)):
-                _restride(wrapper, tensor_meta(wrapper._value))
+            for wrapper in tensor_leaves(written_argument(args, kwargs, where)):
+                restride(wrapper, tensor_meta(wrapper._value))
 
     def _wrap_new(self, out: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Results of an eager op become materialized wrappers, so later in-place ops on them
         can still be recorded; arguments handed back (in-place results) stay as they are."""
-        if isinstance(out, DeferredTensor) or _is_argument(out, args, kwargs):
+        if isinstance(out, DeferredTensor) or is_argument(out, args, kwargs):
             return out
         if isinstance(out, torch.Tensor):
             plain = out.device != self.device or out.layout != torch.strided or out.is_nested
@@ -230,7 +201,7 @@ class FusionEngine:
             trace = self.trace
         trace.device = device
         if op.random:
-            state = _generator(device).get_state()
+            state = default_generator(device).get_state()
             if trace.rng_state is not None and not torch.equal(state, trace.rng_state):
                 self.flush("RNG state changed")  # a reseed between two recorded random ops
                 trace = self.trace
@@ -238,7 +209,7 @@ class FusionEngine:
             if trace.rng_state is None:
                 trace.rng_state = state
         index = len(trace.ops)
-        encoder = _Encoder(trace, func, index)
+        encoder = ArgumentEncoder(trace, func, index)
         encode = encoder.encode
         enc_args = tuple([encode(a, position) for position, a in enumerate(args)])
         enc_kwargs = {k: encode(v, k) for k, v in kwargs.items()}
@@ -252,11 +223,11 @@ class FusionEngine:
         if any(op.view_returns) and encoder.first_ref is not None:
             trace.roots[index] = encoder.first_ref
         for where in op.mutated:
-            for target in _tensor_leaves(written_argument(args, kwargs, where)):
+            for target in tensor_leaves(written_argument(args, kwargs, where)):
                 self._mark_written(target)
         result = self._results(op, args, kwargs, outputs, index, multi, device)
         if op.name in INPLACE_VIEWS:
-            _restride(args[0], outputs)
+            restride(args[0], outputs)
         if len(trace.ops) >= self.options.max_ops:
             self.flush(f"max_ops={self.options.max_ops}")
         return result
@@ -295,14 +266,14 @@ class FusionEngine:
     # --- materialization ----------------------------------------------------------------------
 
     def materialize(self, wrapper: DeferredTensor, reason: str) -> torch.Tensor:
-        _check_not_failed(wrapper)
+        check_not_failed(wrapper)
         if wrapper._pending is not None or (
             wrapper._value is not None
             and self.trace.dirty_storages
             and wrapper._value.untyped_storage().data_ptr() in self.trace.dirty_storages
         ):
             self.flush(reason)
-        _check_not_failed(wrapper)
+        check_not_failed(wrapper)
         return wrapper._value
 
     def flush(self, reason: str) -> None:
@@ -346,15 +317,15 @@ class FusionEngine:
                 variant.state, variant.error = "failed", "too many input shapes"
             else:
                 if self.cache.count_family(family) == STORM_VARIANTS:
-                    _warn_storm(trace)
-                self._schedule(trace, outputs, variant, name=_short_hash(skeleton, key))
+                    warn_storm(trace, STORM_VARIANTS)
+                self._schedule(trace, outputs, variant, name=short_hash(skeleton, key))
         elif variant.state == "compiling":
             status = "compiling"
         elif variant.state == "failed":
             status = "eager"
         self.cache.count(status)
         try:
-            with _rng_as_recorded(trace):
+            with rng_as_recorded(trace):
                 values = self._run(trace, outputs, variant)
         except BaseException as error:  # failed or interrupted: results are lost, inputs stay real
             for wrapper in waiting:
@@ -363,7 +334,7 @@ class FusionEngine:
                 wrapper._pending = None
             raise
         for wrapper, value in zip(waiting, values, strict=True):
-            wrapper._value, wrapper._pending = _as_recorded(wrapper, value), None
+            wrapper._value, wrapper._pending = as_recorded(wrapper, value), None
         for wrapper in written:
             wrapper._pending = None
         self.groups += 1
@@ -385,7 +356,7 @@ class FusionEngine:
         try:
             return replay(trace.ops, trace.inputs, trace.floats, outputs)
         except ReplayError as failure:
-            raise FusedOpError(_describe_failure(trace, failure)) from failure.error
+            raise FusedOpError(describe_failure(trace, failure)) from failure.error
 
     def _schedule(self, trace: Trace, outputs: list, variant: Variant, name: str) -> None:
         slot_places = {(s.op, s.where): i for i, s in enumerate(trace.float_slots)}
@@ -408,8 +379,8 @@ class FusionEngine:
     def _check_versions(self, trace: Trace) -> None:
         for index, (tensor, version) in enumerate(zip(trace.inputs, trace.input_versions, strict=True)):
             if tensor._version != version:
-                user = next((op for op in trace.ops if _reads_input(op, index)), None)
-                where = _op_location(user) if user else "a recorded op"
+                user = next((op for op in trace.ops if reads_input(op, index)), None)
+                where = op_location(user) if user else "a recorded op"
                 raise FusedOpError(
                     f"a tensor read by {where} was changed outside tpunb's view before the group ran "
                     "(by another thread, or code that bypasses PyTorch's dispatcher); copy the tensor first"
@@ -425,12 +396,12 @@ class FusionEngine:
         first = trace.ops[0]
         self._publish(
             FusionGroup(
-                key=_short_hash(skeleton, key),
+                key=short_hash(skeleton, key),
                 ops=len(trace.ops),
                 top_ops=histogram,
                 input_shapes=[list(m[0]) for m in trace.input_metas[:8]],
                 trigger=f"{reason} at {where.label}" if where else reason,
-                source=_op_location(first),
+                source=op_location(first),
                 status=status,
                 compile_ms=variant.compile_ms if status == "miss" and self.options.sync_compile else None,
                 run_ms=(time.perf_counter() - started) * 1000,
@@ -456,289 +427,3 @@ class FusionEngine:
             "pending_ops": len(self.trace.ops),
             "ops": dict(self.counts),
         }
-
-
-# --- helpers ----------------------------------------------------------------------------------
-
-
-def _generator(device: torch.device) -> torch.Generator:
-    if device.type == "cuda":
-        return torch.cuda.default_generators[device.index if device.index is not None else 0]
-    return torch.default_generator
-
-
-@contextlib.contextmanager
-def _rng_as_recorded(trace: Trace) -> Iterator[None]:
-    """Random ops draw when the group runs, not when recorded: give them the generator state
-    they were recorded under, and give the user back any state set since (a reseed, a
-    ``fork_rng`` block), so streams match strict mode."""
-    if trace.rng_state is None:
-        yield
-        return
-    generator = _generator(trace.device)
-    now = generator.get_state()
-    changed = not torch.equal(now, trace.rng_state)
-    if changed:
-        generator.set_state(trace.rng_state)
-    try:
-        yield
-    finally:
-        if changed:
-            generator.set_state(now)
-
-
-def _restride(wrapper: DeferredTensor, meta: tuple) -> None:
-    """Give a wrapper new metadata (shape, strides, offset) after its value changed in place.
-
-    The wrapper has no data, so this only rewrites its TensorImpl: ATen's own metadata
-    kernels, reached by skipping the Python dispatch keys.
-    """
-    if meta == wrapper._meta:
-        return
-    shape, stride, offset, _ = meta
-    extent = offset + sum((n - 1) * st for n, st in zip(shape, stride, strict=True) if n > 0) + 1
-    with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
-        capacity = torch.Tensor.untyped_storage(wrapper).nbytes() // wrapper.element_size()
-        if extent > capacity:
-            torch.ops.aten.resize_.default(wrapper, [extent])
-        torch.ops.aten.as_strided_.default(wrapper, shape, stride, offset)
-    wrapper._meta = meta
-
-
-def _as_recorded(wrapper: DeferredTensor, value: torch.Tensor) -> torch.Tensor:
-    """The value with the strides its wrapper promised. A few CPU kernels lay out results
-    differently from their meta kernels; later ops were shape-checked against the promise.
-    (Where even the shape differs, e.g. batch norm's unused statistics, the wrapper follows.)"""
-    shape, stride, _, _ = wrapper._meta
-    if tuple(value.shape) != shape:
-        _restride(wrapper, tensor_meta(value))
-        return value
-    if value.numel() == 0 or all(
-        a == b for size, a, b in zip(shape, value.stride(), stride, strict=True) if size > 1
-    ):
-        return value
-    return torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device).copy_(value)
-
-
-class _Scan:
-    """One pass over an op's arguments: the meta-cache signature and the facts policy needs."""
-
-    __slots__ = ("all_scalar", "devices", "hashable", "metas", "pending", "tensors", "unsupported")
-
-    def __init__(self) -> None:
-        self.tensors: list[torch.Tensor] = []
-        self.metas: dict[int, tuple] = {}
-        self.devices: set[torch.device] = set()  # of tensors with at least one dimension
-        self.pending = False
-        self.all_scalar = True
-        self.unsupported = False  # a generator argument, or a sparse/nested tensor: run eagerly
-        self.hashable = True
-
-    def signature(self, value: Any, pointwise: bool) -> Any:
-        if isinstance(value, torch.Tensor):
-            if isinstance(value, DeferredTensor):
-                meta = value._meta
-                if value._pending is not None or value._error is not None:
-                    self.pending = True
-            elif value.layout != torch.strided or value.is_nested:
-                self.unsupported = True
-                self.tensors.append(value)
-                return id(value)
-            else:
-                meta = tensor_meta(value)
-            self.metas[id(value)] = meta
-            self.tensors.append(value)
-            if meta[0]:
-                self.all_scalar = False
-                self.devices.add(value.device)
-            return meta
-        if type(value) is float:
-            return "float" if pointwise else value
-        if isinstance(value, (list, tuple)):
-            return tuple([self.signature(v, pointwise) for v in value])
-        if isinstance(value, dict):
-            return tuple([(k, self.signature(v, pointwise)) for k, v in value.items()])
-        if isinstance(value, torch.Generator):
-            self.unsupported = True
-        elif not isinstance(
-            value,
-            (
-                int,
-                bool,
-                str,
-                type(None),
-                torch.dtype,
-                torch.device,
-                torch.layout,
-                torch.memory_format,
-                complex,
-            ),
-        ):
-            self.hashable = False
-        return value
-
-    def writes_real(self, op: OpFacts, args: tuple, kwargs: dict[str, Any]) -> bool:
-        """Whether the op writes into a tensor the engine does not own (a plain tensor)."""
-        for where in op.mutated:
-            for target in _tensor_leaves(written_argument(args, kwargs, where), plain=True):
-                if not isinstance(target, DeferredTensor):
-                    return True
-        return False
-
-    def hazard(self, trace: Trace, op: OpFacts, args: tuple, kwargs: dict[str, Any]) -> bool:
-        """Whether running this op now, before the trace, could read or write the trace's data."""
-        if self.pending or (op.random and trace.has_random):
-            return True
-        written = set()
-        for where in op.mutated:
-            for target in _tensor_leaves(written_argument(args, kwargs, where), plain=True):
-                written.add(id(target))
-        for tensor in self.tensors:
-            value = tensor._value if isinstance(tensor, DeferredTensor) else tensor
-            storage = value.untyped_storage().data_ptr()
-            if storage in trace.dirty_storages or (id(tensor) in written and trace.reads_storage(storage)):
-                return True
-        return False
-
-
-class _Encoder:
-    """Encodes an op's arguments for the trace: tensors -> refs, floats -> slots."""
-
-    __slots__ = ("first_dtype", "first_ref", "func", "index", "trace")
-
-    def __init__(self, trace: Trace, func: torch._ops.OpOverload, index: int) -> None:
-        self.trace, self.func, self.index = trace, func, index
-        self.first_ref: tuple | None = None
-        self.first_dtype: torch.dtype | None = None
-
-    def encode(self, value: Any, where: int | str, nested: bool = False) -> Any:
-        if isinstance(value, torch.Tensor):
-            ref = self._tensor_ref(value)
-            if self.first_ref is None:
-                self.first_ref, self.first_dtype = ref, value.dtype
-            return ref
-        if type(value) is float:
-            trace = self.trace
-            slot = len(trace.floats)
-            trace.floats.append(value)
-            can_lift = not nested and liftable(self.func, where, self._dtype_for_lift())
-            trace.float_slots.append(FloatSlot(self.index, where, can_lift, self._dtype_for_lift()))
-            return ("f", slot)
-        if isinstance(value, (list, tuple)):
-            return tuple(self.encode(v, where, nested=True) for v in value)
-        return value
-
-    def _dtype_for_lift(self) -> torch.dtype | None:
-        return self.first_dtype
-
-    def _tensor_ref(self, value: torch.Tensor) -> tuple:
-        if isinstance(value, DeferredTensor):
-            _check_not_failed(value)
-            return value._pending if value._pending is not None else self.trace.input_ref(value._value)
-        return self.trace.input_ref(value)
-
-
-def _warn_storm(trace: Trace) -> None:
-    import warnings
-
-    warnings.warn(
-        f"tpunb fused: the group recorded at {_op_location(trace.ops[0])} has been compiled for "
-        f"{STORM_VARIANTS} different input shapes; new shapes now run op by op. Give it fixed "
-        "shapes: pad or bucket sequences, DataLoader(drop_last=True).",
-        RuntimeWarning,
-        stacklevel=4,
-    )
-
-
-def _check_not_failed(wrapper: DeferredTensor) -> None:
-    error = wrapper._error
-    if error is not None:
-        detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-        raise FusedOpError(f"this tensor's value was lost when its group failed ({detail})") from error
-
-
-def _values(value: Any) -> Any:
-    if isinstance(value, DeferredTensor):
-        _check_not_failed(value)
-        return value._value
-    if isinstance(value, (list, tuple)):
-        return type(value)(_values(v) for v in value)
-    return value
-
-
-def _tensor_leaves(value: Any, plain: bool = False) -> Iterator[Any]:
-    """DeferredTensors in a (possibly list) argument; with ``plain``, every tensor."""
-    if isinstance(value, DeferredTensor) or (plain and isinstance(value, torch.Tensor)):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensor_leaves(item, plain)
-
-
-def _is_argument(out: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
-    return any(out is a for a in args) or any(out is v for v in kwargs.values())
-
-
-def _all_scalar(outputs: Any) -> bool:
-    if outputs is None:
-        return True
-    if isinstance(outputs, list):
-        return all(_all_scalar(o) for o in outputs)
-    return not outputs[0]
-
-
-def _tensors_of(objects: tuple[Any, ...]) -> Iterator[torch.Tensor]:
-    for obj in objects:
-        if isinstance(obj, torch.nn.Module):
-            yield from obj.parameters()
-            yield from obj.buffers()
-        elif isinstance(obj, torch.optim.Optimizer):
-            for group in obj.param_groups:
-                yield from group["params"]
-            for state in obj.state.values():
-                yield from (v for v in state.values() if isinstance(v, torch.Tensor))
-        elif isinstance(obj, torch.Tensor):
-            yield obj
-
-
-def _reads_input(op: OpRecord, index: int) -> bool:
-    target = ("i", index)
-
-    def walk(value: Any) -> bool:
-        if value == target:
-            return True
-        return type(value) is tuple and any(walk(v) for v in value)
-
-    return any(walk(a) for a in op.args) or any(walk(v) for v in op.kwargs.values())
-
-
-def _op_location(op: OpRecord) -> str:
-    return str(location_of(op.code.co_filename, op.line)) if op.code is not None else "(no user frame)"
-
-
-def _describe_failure(trace: Trace, failure: ReplayError) -> str:
-    op = trace.ops[failure.index]
-    return (
-        f"deferred op #{failure.index} {op.func.overloadpacket} failed: {failure.error}\n"
-        f"  recorded at {_op_location(op)}"
-    )
-
-
-class GroupKey:
-    """A group's structural key, hashed once: it is looked up several times per flush."""
-
-    __slots__ = ("_hash", "parts")
-
-    def __init__(self, parts: tuple) -> None:
-        self.parts = parts
-        self._hash = hash(parts)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, GroupKey) and self._hash == other._hash and self.parts == other.parts
-
-
-def _short_hash(skeleton: GroupKey, key: tuple) -> str:
-    return f"{hash((skeleton, key)) & 0xFFFFFFFFFFFF:012x}"

@@ -1,0 +1,55 @@
+"""How fused mode reports failures: the op that failed, where it was recorded, what to do."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from tpunb.fuse.deferred import DeferredTensor
+from tpunb.fuse.graph import ReplayError
+from tpunb.fuse.trace import OpRecord, Trace
+from tpunb.source import location_of
+
+
+class FusedOpError(RuntimeError):
+    """A recorded op failed when its group ran; names the op and where it was recorded."""
+
+
+def check_not_failed(wrapper: DeferredTensor) -> None:
+    error = wrapper._error
+    if error is not None:
+        detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        raise FusedOpError(f"this tensor's value was lost when its group failed ({detail})") from error
+
+
+def op_location(op: OpRecord) -> str:
+    return str(location_of(op.code.co_filename, op.line)) if op.code is not None else "(no user frame)"
+
+
+def describe_failure(trace: Trace, failure: ReplayError) -> str:
+    op = trace.ops[failure.index]
+    return (
+        f"deferred op #{failure.index} {op.func.overloadpacket} failed: {failure.error}\n"
+        f"  recorded at {op_location(op)}"
+    )
+
+
+def reads_input(op: OpRecord, index: int) -> bool:
+    target = ("i", index)
+
+    def walk(value: Any) -> bool:
+        if value == target:
+            return True
+        return type(value) is tuple and any(walk(v) for v in value)
+
+    return any(walk(a) for a in op.args) or any(walk(v) for v in op.kwargs.values())
+
+
+def warn_storm(trace: Trace, variants: int) -> None:
+    warnings.warn(
+        f"tpunb fused: the group recorded at {op_location(trace.ops[0])} has been compiled for "
+        f"{variants} different input shapes; new shapes now run op by op. Give it fixed "
+        "shapes: pad or bucket sequences, DataLoader(drop_last=True).",
+        RuntimeWarning,
+        stacklevel=4,
+    )

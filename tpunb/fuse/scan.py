@@ -1,0 +1,163 @@
+"""Reading an op's arguments: the per-op scan that policy decides on, and the encoder
+that turns arguments into a trace's refs and float slots."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from tpunb.fuse.deferred import DeferredTensor, written_argument
+from tpunb.fuse.errors import check_not_failed
+from tpunb.fuse.graph import liftable
+from tpunb.fuse.ops import OpFacts
+from tpunb.fuse.trace import FloatSlot, Trace, tensor_meta
+
+
+class ArgumentScan:
+    """One pass over an op's arguments: the meta-cache signature and the facts policy needs."""
+
+    __slots__ = ("all_scalar", "devices", "hashable", "metas", "pending", "tensors", "unsupported")
+
+    def __init__(self) -> None:
+        self.tensors: list[torch.Tensor] = []
+        self.metas: dict[int, tuple] = {}
+        self.devices: set[torch.device] = set()  # of tensors with at least one dimension
+        self.pending = False
+        self.all_scalar = True
+        self.unsupported = False  # a generator argument, or a sparse/nested tensor: run eagerly
+        self.hashable = True
+
+    def signature(self, value: Any, pointwise: bool) -> Any:
+        if isinstance(value, torch.Tensor):
+            if isinstance(value, DeferredTensor):
+                meta = value._meta
+                if value._pending is not None or value._error is not None:
+                    self.pending = True
+            elif value.layout != torch.strided or value.is_nested:
+                self.unsupported = True
+                self.tensors.append(value)
+                return id(value)
+            else:
+                meta = tensor_meta(value)
+            self.metas[id(value)] = meta
+            self.tensors.append(value)
+            if meta[0]:
+                self.all_scalar = False
+                self.devices.add(value.device)
+            return meta
+        if type(value) is float:
+            return "float" if pointwise else value
+        if isinstance(value, (list, tuple)):
+            return tuple([self.signature(v, pointwise) for v in value])
+        if isinstance(value, dict):
+            return tuple([(k, self.signature(v, pointwise)) for k, v in value.items()])
+        if isinstance(value, torch.Generator):
+            self.unsupported = True
+        elif not isinstance(
+            value,
+            (
+                int,
+                bool,
+                str,
+                type(None),
+                torch.dtype,
+                torch.device,
+                torch.layout,
+                torch.memory_format,
+                complex,
+            ),
+        ):
+            self.hashable = False
+        return value
+
+    def writes_real(self, op: OpFacts, args: tuple, kwargs: dict[str, Any]) -> bool:
+        """Whether the op writes into a tensor the engine does not own (a plain tensor)."""
+        for where in op.mutated:
+            for target in tensor_leaves(written_argument(args, kwargs, where), plain=True):
+                if not isinstance(target, DeferredTensor):
+                    return True
+        return False
+
+    def hazard(self, trace: Trace, op: OpFacts, args: tuple, kwargs: dict[str, Any]) -> bool:
+        """Whether running this op now, before the trace, could read or write the trace's data."""
+        if self.pending or (op.random and trace.has_random):
+            return True
+        written = set()
+        for where in op.mutated:
+            for target in tensor_leaves(written_argument(args, kwargs, where), plain=True):
+                written.add(id(target))
+        for tensor in self.tensors:
+            value = tensor._value if isinstance(tensor, DeferredTensor) else tensor
+            storage = value.untyped_storage().data_ptr()
+            if storage in trace.dirty_storages or (id(tensor) in written and trace.reads_storage(storage)):
+                return True
+        return False
+
+
+class ArgumentEncoder:
+    """Encodes an op's arguments for the trace: tensors -> refs, floats -> slots."""
+
+    __slots__ = ("first_dtype", "first_ref", "func", "index", "trace")
+
+    def __init__(self, trace: Trace, func: torch._ops.OpOverload, index: int) -> None:
+        self.trace, self.func, self.index = trace, func, index
+        self.first_ref: tuple | None = None
+        self.first_dtype: torch.dtype | None = None
+
+    def encode(self, value: Any, where: int | str, nested: bool = False) -> Any:
+        if isinstance(value, torch.Tensor):
+            ref = self._tensor_ref(value)
+            if self.first_ref is None:
+                self.first_ref, self.first_dtype = ref, value.dtype
+            return ref
+        if type(value) is float:
+            trace = self.trace
+            slot = len(trace.floats)
+            trace.floats.append(value)
+            can_lift = not nested and liftable(self.func, where, self._dtype_for_lift())
+            trace.float_slots.append(FloatSlot(self.index, where, can_lift, self._dtype_for_lift()))
+            return ("f", slot)
+        if isinstance(value, (list, tuple)):
+            return tuple(self.encode(v, where, nested=True) for v in value)
+        return value
+
+    def _dtype_for_lift(self) -> torch.dtype | None:
+        return self.first_dtype
+
+    def _tensor_ref(self, value: torch.Tensor) -> tuple:
+        if isinstance(value, DeferredTensor):
+            check_not_failed(value)
+            return value._pending if value._pending is not None else self.trace.input_ref(value._value)
+        return self.trace.input_ref(value)
+
+
+def real_values(value: Any) -> Any:
+    if isinstance(value, DeferredTensor):
+        check_not_failed(value)
+        return value._value
+    if isinstance(value, (list, tuple)):
+        return type(value)(real_values(v) for v in value)
+    return value
+
+
+def tensor_leaves(value: Any, plain: bool = False) -> Iterator[Any]:
+    """DeferredTensors in a (possibly list) argument; with ``plain``, every tensor."""
+    if isinstance(value, DeferredTensor) or (plain and isinstance(value, torch.Tensor)):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensor_leaves(item, plain)
+
+
+def is_argument(out: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
+    return any(out is a for a in args) or any(out is v for v in kwargs.values())
+
+
+def all_scalar(outputs: Any) -> bool:
+    if outputs is None:
+        return True
+    if isinstance(outputs, list):
+        return all(all_scalar(o) for o in outputs)
+    return not outputs[0]
