@@ -55,6 +55,8 @@ class CellRun(Record):
     cache_hits: int
     cache_misses: int
     error: str | None
+    compiled_graphs: int = 0  # compile mode: new graphs and graph breaks in the cell
+    graph_breaks: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,22 @@ class CompileDone(Record):
     key: str
     ok: bool
     compile_ms: float
+    error: str | None
+
+
+@dataclass(frozen=True)
+class CompiledCell(Record):
+    """One run of a compile-mode cell: what Dynamo and Inductor did for it."""
+
+    kind: ClassVar[str] = "compiled"
+    cell: int | None
+    key: str
+    graphs: int  # new graphs compiled by this run (0: everything came from Dynamo's cache)
+    frames: int  # frames Dynamo converted
+    graph_breaks: dict[str, int]  # Dynamo's break reasons, shortened
+    fx_cache_hits: int  # Inductor FX-graph cache (on disk)
+    fx_cache_misses: int
+    wall_ms: float
     error: str | None
 
 

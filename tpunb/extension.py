@@ -16,8 +16,9 @@ from tpunb.session import Session, get_session
 class CellHooks:
     """``pre_run_cell``/``post_run_cell``: open the cell's mode scope, close it, summarise."""
 
-    def __init__(self, shell: Any, session: Session) -> None:
+    def __init__(self, shell: Any, session: Session, compile_prefix: Any) -> None:
         self.shell, self.session = shell, session
+        self.compile_prefix = compile_prefix
 
     def pre_run_cell(self, info: Any) -> None:
         self.session.begin_cell(self.shell.execution_count)
@@ -31,10 +32,13 @@ class CellHooks:
     def register(self) -> None:
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
         self.shell.events.register("post_run_cell", self.post_run_cell)
+        self.shell.input_transformers_cleanup.append(self.compile_prefix)
 
     def unregister(self) -> None:
         self.shell.events.unregister("pre_run_cell", self.pre_run_cell)
         self.shell.events.unregister("post_run_cell", self.post_run_cell)
+        if self.compile_prefix in self.shell.input_transformers_cleanup:
+            self.shell.input_transformers_cleanup.remove(self.compile_prefix)
 
 
 _HOOKS_ATTR = "_tpunb_cell_hooks"
@@ -43,8 +47,9 @@ _HOOKS_ATTR = "_tpunb_cell_hooks"
 def load(shell: Any, version: str) -> None:
     session = get_session()
     if getattr(shell, _HOOKS_ATTR, None) is None:
-        shell.register_magics(TpuMagics(shell, session))
-        hooks = CellHooks(shell, session)
+        magics = TpuMagics(shell, session)
+        shell.register_magics(magics)
+        hooks = CellHooks(shell, session, magics.compile_prefix)
         hooks.register()
         setattr(shell, _HOOKS_ATTR, hooks)
     print(load_line(session, version))

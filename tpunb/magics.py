@@ -14,7 +14,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from tpunb.modes import ModeConfig, ModeError
+from tpunb.cellcompile import CompileModePrefix, NotCompilable
+from tpunb.modes import Mode, ModeConfig, ModeError
 from tpunb.report import mode_table
 from tpunb.session import Session
 
@@ -26,6 +27,8 @@ class TpuMagics(Magics):
     def __init__(self, shell: Any, session: Session) -> None:
         super().__init__(shell)
         self.session = session
+        #: registered as an input transformer by the extension: compile as the default mode
+        self.compile_prefix = CompileModePrefix(lambda: session.default.mode.value)
 
     @magic_arguments()
     @argument(
@@ -84,11 +87,20 @@ class TpuMagics(Magics):
         shell = self.shell
         raw = f"%%tpu_mode {line}\n{cell}"
         filename = shell.compile.cache(raw, shell.execution_count, raw_code=raw)
-        tree = shell.compile.ast_parse(shell.transform_cell(cell), filename=filename)
+        with self.compile_prefix.suspended():
+            body = shell.transform_cell(cell)
+        tree = shell.compile.ast_parse(body, filename=filename)
         ast.increment_lineno(tree, 1)  # the body starts on the cell's second line
         tree = shell.transform_ast(tree)
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         with self.session.scoped(config):
+            if config.mode is Mode.COMPILE:
+                try:
+                    return self.session.cell_compiler.run(
+                        tree, cell, filename, shell.user_ns, shell.execution_count
+                    )
+                except NotCompilable as reason:
+                    print(f"tpunb: this cell runs uncompiled ({reason})")
+            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
             exec(shell.compile(tree, filename, "exec"), shell.user_ns)
             if last is not None:
                 expression = ast.Expression(last.value)

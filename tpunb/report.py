@@ -60,7 +60,12 @@ def cell_summary(record: CellRun) -> str:
     parts = [f"[tpunb] {record.mode}", f"{record.wall_s:.2f} s"]
     if record.peak_bytes is not None:
         parts.append(f"peak {format_bytes(record.peak_bytes)}")
-    parts.append(f"{record.groups} group{'s' if record.groups != 1 else ''}")
+    if "compile" in record.mode:
+        parts.append(f"{record.compiled_graphs} graph{'s' if record.compiled_graphs != 1 else ''} compiled")
+        if record.graph_breaks:
+            parts.append(f"{record.graph_breaks} graph break{'s' if record.graph_breaks != 1 else ''}")
+    if record.groups or "compile" not in record.mode:
+        parts.append(f"{record.groups} group{'s' if record.groups != 1 else ''}")
     if record.cache_hits or record.cache_misses:
         parts.append(f"cache {record.cache_hits} hit / {record.cache_misses} miss")
     if record.error:

@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from typing import Any
 
+from tpunb.cellcompile import CellCompiler
 from tpunb.events import CellRun, EventBus, ModeChange
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes import CacheStats, ModeUnavailable, Runtime, RuntimeChoice, create_runtime
@@ -37,6 +38,7 @@ class Session:
         self._overrides: list[ModeConfig] = []
         self._active: tuple[ModeConfig, ExitStack] | None = None
         self._cell: _CellWindow | None = None
+        self._cell_compiler: CellCompiler | None = None
 
     # --- modes ----------------------------------------------------------------------------
 
@@ -105,6 +107,7 @@ class Session:
             peak_resettable=self.runtime.reset_peak_memory(),
             cache_before=self.runtime.cache_stats(),
             groups_before=self.bus.count("group"),
+            compiled_before=self.bus.count("compiled"),
         )
         self._activate()
 
@@ -121,6 +124,8 @@ class Session:
     def _record(self, cell: _CellWindow, error: BaseException | None) -> CellRun:
         memory = self.runtime.memory() if cell.peak_resettable else None
         cache = self.runtime.cache_stats()
+        runs = self.bus.count("compiled") - cell.compiled_before
+        compiled = self.bus.recent("compiled", runs) if runs else []
         record = CellRun(
             cell=cell.number,
             mode=_summary_mode(cell.modes),
@@ -130,6 +135,8 @@ class Session:
             cache_hits=cache.hits - cell.cache_before.hits,
             cache_misses=cache.misses - cell.cache_before.misses,
             error=type(error).__name__ if error is not None else None,
+            compiled_graphs=sum(r.graphs for r in compiled),
+            graph_breaks=sum(sum(r.graph_breaks.values()) for r in compiled),
         )
         self.bus.publish(record)
         return record
@@ -149,7 +156,15 @@ class Session:
             "memory": asdict(memory) if memory is not None else None,
             "cache": asdict(self.runtime.cache_stats()),
             "groups": [r.as_dict() for r in self.bus.recent("group", STATS_GROUPS)],
+            "compiled": [r.as_dict() for r in self.bus.recent("compiled", STATS_GROUPS)],
         }
+
+    @property
+    def cell_compiler(self) -> CellCompiler:
+        """Compile mode's cell runner, over this runtime's compiler (made on first use)."""
+        if self._cell_compiler is None:
+            self._cell_compiler = CellCompiler(self.runtime.compile_function, self.bus.publish)
+        return self._cell_compiler
 
 
 def _summary_mode(used: set[Mode]) -> str:
@@ -163,12 +178,19 @@ class _CellWindow:
     """What is known about the running cell."""
 
     def __init__(
-        self, number: int | None, *, peak_resettable: bool, cache_before: CacheStats, groups_before: int
+        self,
+        number: int | None,
+        *,
+        peak_resettable: bool,
+        cache_before: CacheStats,
+        groups_before: int,
+        compiled_before: int,
     ) -> None:
         self.number = number
         self.peak_resettable = peak_resettable
         self.cache_before = cache_before
         self.groups_before = groups_before
+        self.compiled_before = compiled_before
         self.started = time.perf_counter()
         self.modes: set[Mode] = set()
 

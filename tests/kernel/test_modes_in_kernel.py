@@ -46,13 +46,6 @@ def test_bad_mode_is_a_usage_error_and_changes_nothing(kernel):
     assert kernel.value("tpunb.current_mode()") == "debug"
 
 
-def test_unsupported_mode_is_refused_by_name(kernel):
-    result = kernel.run("%tpu_mode compile")
-    assert result.error is not None and result.error["ename"] == "UsageError"
-    assert "compile mode is not available on the native runtime" in result.error["evalue"]
-    assert kernel.value("tpunb.current_mode()") == "strict"
-
-
 def test_mode_names_are_case_insensitive(kernel):
     result = kernel.run("%tpu_mode DEBUG")
     assert result.error is None, result.error

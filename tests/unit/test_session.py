@@ -47,11 +47,20 @@ def test_scopes_nest_and_restore_even_on_error(session):
     nan_op()
 
 
-def test_unsupported_modes_are_refused_and_change_nothing(session):
+class EagerOnlyRuntime(NativeRuntime):
+    """The native runtime limited to debug and strict, as a runtime without fusing would be."""
+
+    modes = frozenset({Mode.DEBUG, Mode.STRICT})
+
+
+def test_unsupported_modes_are_refused_and_change_nothing():
+    session = Session(EagerOnlyRuntime(), RuntimeChoice("native", "test"))
     session.set_default(DEBUG)
     events = session.bus.count("mode")
-    for mode in (Mode.COMPILE,):
-        with pytest.raises(ModeUnavailable, match=f"{mode.value} mode is not available on the native"):
+    for mode in (Mode.FUSED, Mode.COMPILE):
+        with pytest.raises(
+            ModeUnavailable, match=f"{mode.value} mode is not available on the native runtime"
+        ):
             session.set_default(ModeConfig(mode))
         with pytest.raises(ModeUnavailable), session.scoped(ModeConfig(mode)):
             pass

@@ -6,9 +6,10 @@ a new backend is one module that answers these few questions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from tpunb.modes import Mode, ModeConfig, ModeError
 
@@ -64,6 +65,10 @@ class Runtime(Protocol):
 
     def cache_details(self) -> dict[str, object]:
         """Extra cache figures for the monitor (compile time, failures, graphs); {} if none."""
+        ...
+
+    def compile_function(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Compile mode's compiler for this runtime (e.g. ``torch.compile`` with its backend)."""
         ...
 
     def group_graph(self, key: str) -> str | None:

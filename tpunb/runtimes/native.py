@@ -1,8 +1,8 @@
 """The native runtime: stock PyTorch on the CPU or a CUDA GPU.
 
 strict is plain eager; debug adds tpunb's per-op checks; fused is tpunb's own defer-and-fuse
-engine (``tpunb.fuse``) compiling with Inductor. compile joins the ``modes`` set when it
-lands; until then the session refuses it by name.
+engine (``tpunb.fuse``) compiling with Inductor; compile runs each cell as a function under
+``torch.compile`` (``tpunb.cellcompile``), so its ops need no scope here.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import resource
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -48,7 +49,7 @@ class NativeRuntime:
     """CPU or CUDA through stock PyTorch."""
 
     name = "native"
-    modes = frozenset({Mode.DEBUG, Mode.STRICT, Mode.FUSED})
+    modes = frozenset(Mode)
 
     def __init__(self, publish: Callable[[Record], None] | None = None) -> None:
         self._cuda = torch.cuda.is_available()
@@ -100,6 +101,9 @@ class NativeRuntime:
     def cache_details(self) -> dict[str, object]:
         stats = self.engine.stats()
         return {key: stats[key] for key in ("compile_ms", "failures", "graphs", "ops")}
+
+    def compile_function(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return torch.compile(fn, backend="inductor")
 
     def group_graph(self, key: str) -> str | None:
         return self.engine.cache.code(key)

@@ -1,0 +1,44 @@
+"""Compile mode's cell-to-function rewrite (the compiled runs are kernel tests)."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from tpunb.cellcompile import CompileModePrefix, NotCompilable, cell_function
+
+
+def build(source: str, namespace: dict) -> tuple:
+    return cell_function(ast.parse(source), "<cell>", namespace)
+
+
+def test_assigned_names_become_globals_and_the_last_expression_is_returned():
+    namespace = {"base": 10}
+    function, names = build(
+        "import math as m\nvalue = base + 1\nfor i in range(2):\n    value += i\n"
+        "def helper():\n    local = 1\n    return local\nclass Box: pass\nvalue * 2",
+        namespace,
+    )
+    assert names == ["m", "value", "i", "helper", "Box"]  # not `local`: it is helper's own
+    assert function() == 24
+    assert namespace["value"] == 12 and namespace["i"] == 1 and namespace["helper"]() == 1
+    assert "__tpunb_cell__" not in namespace
+
+
+@pytest.mark.parametrize("source", ["return 1", "yield 2", "from os import *", "await thing()"])
+def test_cells_that_cannot_be_functions_say_why(source):
+    with pytest.raises(NotCompilable):
+        build(source, {})
+
+
+def test_the_default_mode_prefix_leaves_magics_and_other_modes_alone():
+    mode = {"value": "strict"}
+    prefix = CompileModePrefix(lambda: mode["value"])
+    assert prefix(["x = 1\n"]) == ["x = 1\n"]
+    mode["value"] = "compile"
+    assert prefix(["x = 1\n"]) == ["%%tpu_mode compile\n", "x = 1\n"]
+    assert prefix(["%tpu_mode strict\n"]) == ["%tpu_mode strict\n"]
+    assert prefix(["!ls\n"]) == ["!ls\n"]
+    with prefix.suspended():
+        assert prefix(["x = 1\n"]) == ["x = 1\n"]

@@ -1,0 +1,217 @@
+"""Compile mode: a notebook cell becomes a function that ``torch.compile`` captures.
+
+The cell keeps its meaning: every name it assigns at top level is declared ``global``, so it
+lands in the user namespace; reads of existing globals work; ``print`` and display work (Dynamo
+breaks the graph around them and runs them normally); the last expression is returned and
+shown; the function is compiled under the cell's own file name and line numbers, so errors
+point at the cell's line. The function object is kept per cell text, so running the same
+cell again reuses Dynamo's cache instead of recompiling.
+
+What each run compiled is read from Dynamo's and Inductor's own counters and published as a
+``CompiledCell`` record.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tpunb.events import CompiledCell
+
+#: Counters whose change says what a run compiled: (group, name) in torch._dynamo's counters.
+_COUNTED = {
+    "frames": ("frames", "ok"),
+    "graphs": ("stats", "unique_graphs"),
+    "fx_cache_hits": ("inductor", "fxgraph_cache_hit"),
+    "fx_cache_misses": ("inductor", "fxgraph_cache_miss"),
+}
+
+
+class NotCompilable(Exception):
+    """This cell cannot become a function (top-level ``return``, ``yield`` or ``await``)."""
+
+
+def _assigned_names(body: list[ast.stmt]) -> list[str]:
+    """Names a cell binds at its top level (not inside its own functions or classes)."""
+    names: dict[str, None] = {}
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = None
+            for decorator in node.decorator_list:
+                visit(decorator)
+            return
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names[node.id] = None
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    raise NotCompilable("'from ... import *' inside a function")
+                names[(alias.asname or alias.name).split(".")[0]] = None
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            names.update(dict.fromkeys(node.names))
+        elif isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await)):
+            raise NotCompilable(f"a top-level {type(node).__name__.lower()}")
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for statement in body:
+        visit(statement)
+    return list(names)
+
+
+class _Unassigned:
+    """Stands in for a name a cell assigns but that does not exist yet: Dynamo cannot read back
+    a global the same frame created, so the name exists (as this) until the cell assigns it."""
+
+    def __repr__(self) -> str:
+        return "<unassigned>"
+
+
+UNASSIGNED = _Unassigned()
+
+
+def cell_function(
+    tree: ast.Module, filename: str, namespace: dict[str, Any]
+) -> tuple[Callable[[], Any], list[str]]:
+    """Turn a cell's module AST into a zero-argument function whose globals are ``namespace``;
+    also return the names it assigns."""
+    body = list(tree.body)
+    names = _assigned_names(body)
+    if body and isinstance(body[-1], ast.Expr):
+        last = body.pop()
+        body.append(ast.copy_location(ast.Return(value=last.value), last))
+    statements: list[ast.stmt] = [ast.Global(names=names)] if names else []
+    statements += body or [ast.Pass()]
+    function = ast.FunctionDef(
+        name="__tpunb_cell__",
+        args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+        body=statements,
+        decorator_list=[],
+        returns=None,
+        **({"type_params": []} if "type_params" in ast.FunctionDef._fields else {}),
+    )
+    module = ast.Module(body=[function], type_ignores=[])
+    ast.fix_missing_locations(module)  # the wrapper lines take line 1; the body keeps the cell's
+    scope: dict[str, Any] = {}
+    exec(compile(module, filename, "exec"), namespace, scope)
+    return scope["__tpunb_cell__"], names
+
+
+def _counters() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {name: counters[group][key] for name, (group, key) in _COUNTED.items()}
+
+
+def _breaks() -> dict[str, int]:
+    """Dynamo's break reasons with counts; a break Dynamo handled without an "unsupported"
+    reason (a ``print``, say) still leaves a resume function behind, counted as such."""
+    from torch._dynamo.utils import counters
+
+    breaks = dict(counters["graph_break"])
+    resumed = sum(counters["resumes"].values())
+    if resumed:
+        breaks["resumed after a break (no reason recorded; e.g. print or a Python side effect)"] = resumed
+    return breaks
+
+
+def _short(reason: str) -> str:
+    line = reason.strip().splitlines()[0] if reason.strip() else reason
+    return line if len(line) <= 160 else line[:157] + "..."
+
+
+class CellCompiler:
+    """Compiles and runs cells; keeps one compiled function per cell text."""
+
+    def __init__(self, compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]], publish: Any) -> None:
+        self._compile = compile_fn
+        self._publish = publish
+        self._compiled: dict[str, tuple[Callable[[], Any], Callable[[], Any], list[str]]] = {}
+
+    def run(
+        self, tree: ast.Module, source: str, filename: str, namespace: dict[str, Any], cell: int | None
+    ) -> Any:
+        __tracebackhide__ = True
+        from torch._dynamo.exc import TorchRuntimeError
+
+        key = hashlib.sha1(f"{id(namespace)}\0{source}".encode()).hexdigest()
+        entry = self._compiled.get(key)
+        if entry is None:
+            function, names = cell_function(tree, filename, namespace)
+            entry = self._compiled[key] = (self._compile(function), function, names)
+        compiled, plain, names = entry
+        placeholders = [name for name in names if name not in namespace]
+        for name in placeholders:
+            namespace[name] = UNASSIGNED
+        before, breaks_before = _counters(), _breaks()
+        started = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            try:
+                return compiled()
+            except TorchRuntimeError:
+                # The cell's own error, met while tracing (shapes, dtypes): run it as Python to
+                # raise the real exception at the cell's line.
+                return plain()
+        except BaseException as failure:
+            error = failure
+            raise
+        finally:
+            for name in placeholders:
+                if namespace.get(name) is UNASSIGNED:
+                    del namespace[name]
+            after, breaks_after = _counters(), _breaks()
+            new_breaks = {
+                _short(reason): count - breaks_before.get(reason, 0)
+                for reason, count in breaks_after.items()
+                if count > breaks_before.get(reason, 0)
+            }
+            delta = {name: after[name] - before[name] for name in after}
+            self._publish(
+                CompiledCell(
+                    cell=cell,
+                    key=key[:12],
+                    graphs=delta["graphs"],
+                    frames=delta["frames"],
+                    graph_breaks=new_breaks,
+                    fx_cache_hits=delta["fx_cache_hits"],
+                    fx_cache_misses=delta["fx_cache_misses"],
+                    wall_ms=(time.perf_counter() - started) * 1000,
+                    error=type(error).__name__ if error is not None else None,
+                )
+            )
+
+
+class CompileModePrefix:
+    """An IPython cleanup transformer: with compile as the default mode, a cell becomes
+    ``%%tpu_mode compile`` + the cell, unless it starts with a magic or a shell escape.
+
+    Suspended while ``%%tpu_mode`` transforms its own body, which must not be wrapped again.
+    """
+
+    def __init__(self, default_mode: Callable[[], str]) -> None:
+        self._default_mode = default_mode
+        self._suspended = False
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        if self._suspended or self._default_mode() != "compile":
+            return lines
+        first = next((line.strip() for line in lines if line.strip()), "")
+        if not first or first.startswith(("%", "!")):
+            return lines
+        return ["%%tpu_mode compile\n", *lines]
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        previous, self._suspended = self._suspended, True
+        try:
+            yield
+        finally:
+            self._suspended = previous
