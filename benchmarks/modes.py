@@ -214,11 +214,28 @@ def overheads() -> list[str]:
             engine.flush("benchmark")
             flush_times.append((time.perf_counter() - started) * 1e6)
     hit_us = statistics.median(flush_times[5:])
+    cell_us = _compile_cell_overhead_us()
     return [
         f"eager op:                    {eager_us:7.1f} us/op",
         f"fused capture (record):      {capture_us:7.1f} us/op  ({capture_us / eager_us:.1f}x eager)",
         f"cache-hit flush, 150 ops:    {hit_us:7.1f} us",
+        f"compile-mode cell, no tensor work, after its first run: {cell_us:7.1f} us",
     ]
+
+
+def _compile_cell_overhead_us() -> float:
+    """What compile mode adds to a cell with no tensor work, once the cell has run once."""
+    import ast
+
+    import torch
+
+    from tpunb.cellcompile import CellCompiler
+
+    source = "total = sum(range(10))\nlabel = f'{total} items'\nlabel"
+    compiler = CellCompiler(lambda fn: torch.compile(fn, backend="inductor"), lambda record: None)
+    namespace: dict = {}
+    compiler.run(ast.parse(source), source, "<bench>", namespace, None)  # first run: Dynamo looks
+    return median_ms(lambda: compiler.run(ast.parse(source), source, "<bench>", namespace, None), 50) * 1000
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "__version__",
     "adopt",
+    "compile",
     "current_mode",
     "load_ipython_extension",
     "mode",
@@ -91,6 +92,19 @@ def adopt(*objects: Any) -> int:
     """
     engine = getattr(runtime(), "engine", None)
     return engine.adopt(*objects) if engine is not None else 0
+
+
+def compile(fn_or_module: Any, **torch_compile_options: Any) -> Any:
+    """``torch.compile`` on this runtime's backend, reporting like compile-mode cells: new
+    graphs, graph breaks and recompiles (with the failed guard in words) land in
+    ``tpunb.stats()["compiled"]``; repeated recompiles warn once with the usual fixes."""
+    from tpunb.cellcompile import compile_callable
+    from tpunb.session import get_session
+
+    session = get_session()
+    return compile_callable(
+        fn_or_module, session.runtime.compile_function, session.bus.publish, **torch_compile_options
+    )
 
 
 def monitor() -> Any:

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import hashlib
+import re
 import time
+import warnings
 from collections.abc import Callable, Iterator
+from types import CodeType
 from typing import Any
 
 from tpunb.events import CompiledCell
@@ -122,9 +126,88 @@ def _breaks() -> dict[str, int]:
     return breaks
 
 
+def _guard_failures(code: CodeType) -> list[str]:
+    from torch._dynamo.utils import guard_failures
+
+    return list(guard_failures.get(code, ()))
+
+
+_SIZE_MISMATCH = re.compile(
+    r"tensor '(?P<name>.+?)' size mismatch at index (?P<dim>\d+)\. expected (?P<old>\d+), actual (?P<new>\d+)"
+)
+
+
+def explain_guard(reason: str) -> str:
+    """Dynamo's guard failure in words: ``x.shape[0] changed 64 → 17``."""
+    text = reason.split(": ", 1)[-1] if re.match(r"^\d+/\d+: ", reason) else reason
+    match = _SIZE_MISMATCH.search(text)
+    if match is None:
+        return _short(text)
+    name = re.sub(r"^(?:L|G)\['(.+?)'\]$", r"\1", match["name"])
+    return f"{name}.shape[{match['dim']}] changed {match['old']} → {match['new']}"
+
+
 def _short(reason: str) -> str:
     line = reason.strip().splitlines()[0] if reason.strip() else reason
     return line if len(line) <= 160 else line[:157] + "..."
+
+
+class CompileWatch:
+    """What Dynamo and Inductor did between ``start()`` and ``record()``, for one code object."""
+
+    def __init__(self, code: CodeType) -> None:
+        self.code = code
+        self._counters = _counters()
+        self._breaks = _breaks()
+        self._guards = len(_guard_failures(code))
+        self._started = time.perf_counter()
+
+    def record(self, cell: int | None, key: str, error: BaseException | None) -> CompiledCell:
+        counters, breaks = _counters(), _breaks()
+        delta = {name: counters[name] - self._counters[name] for name in counters}
+        return CompiledCell(
+            cell=cell,
+            key=key,
+            graphs=delta["graphs"],
+            frames=delta["frames"],
+            graph_breaks={
+                _short(reason): count - self._breaks.get(reason, 0)
+                for reason, count in breaks.items()
+                if count > self._breaks.get(reason, 0)
+            },
+            recompile_reasons=[explain_guard(r) for r in _guard_failures(self.code)[self._guards :]],
+            fx_cache_hits=delta["fx_cache_hits"],
+            fx_cache_misses=delta["fx_cache_misses"],
+            wall_ms=(time.perf_counter() - self._started) * 1000,
+            error=type(error).__name__ if error is not None else None,
+        )
+
+
+#: Recompiles of one cell or function before tpunb warns (once) about a recompile storm.
+STORM_RECOMPILES = 4
+
+
+class StormWatch:
+    """Counts recompiles per cell or function and warns once when they pile up."""
+
+    def __init__(self) -> None:
+        self._recompiles: dict[str, int] = {}
+        self._warned: set[str] = set()
+
+    def observe(self, key: str, record: CompiledCell, what: str) -> None:
+        if not record.recompile_reasons:
+            return
+        count = self._recompiles[key] = self._recompiles.get(key, 0) + 1  # one recompile per run
+        if count > STORM_RECOMPILES and key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(
+                f"tpunb compile: {what} has recompiled {count} times; last because "
+                f"{record.recompile_reasons[0]}. Give it fixed shapes: pad or bucket inputs, "
+                "DataLoader(drop_last=True), or mark the dimension dynamic: "
+                "torch._dynamo.mark_dynamic(tensor, 0)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
 
 class CellCompiler:
@@ -134,6 +217,7 @@ class CellCompiler:
         self._compile = compile_fn
         self._publish = publish
         self._compiled: dict[str, tuple[Callable[[], Any], Callable[[], Any], list[str]]] = {}
+        self.storms = StormWatch()
 
     def run(
         self, tree: ast.Module, source: str, filename: str, namespace: dict[str, Any], cell: int | None
@@ -141,7 +225,7 @@ class CellCompiler:
         __tracebackhide__ = True
         from torch._dynamo.exc import TorchRuntimeError
 
-        key = hashlib.sha1(f"{id(namespace)}\0{source}".encode()).hexdigest()
+        key = hashlib.sha1(f"{id(namespace)}\0{source}".encode()).hexdigest()[:12]
         entry = self._compiled.get(key)
         if entry is None:
             function, names = cell_function(tree, filename, namespace)
@@ -150,8 +234,7 @@ class CellCompiler:
         placeholders = [name for name in names if name not in namespace]
         for name in placeholders:
             namespace[name] = UNASSIGNED
-        before, breaks_before = _counters(), _breaks()
-        started = time.perf_counter()
+        watch = CompileWatch(plain.__code__)
         error: BaseException | None = None
         try:
             try:
@@ -167,26 +250,45 @@ class CellCompiler:
             for name in placeholders:
                 if namespace.get(name) is UNASSIGNED:
                     del namespace[name]
-            after, breaks_after = _counters(), _breaks()
-            new_breaks = {
-                _short(reason): count - breaks_before.get(reason, 0)
-                for reason, count in breaks_after.items()
-                if count > breaks_before.get(reason, 0)
-            }
-            delta = {name: after[name] - before[name] for name in after}
-            self._publish(
-                CompiledCell(
-                    cell=cell,
-                    key=key[:12],
-                    graphs=delta["graphs"],
-                    frames=delta["frames"],
-                    graph_breaks=new_breaks,
-                    fx_cache_hits=delta["fx_cache_hits"],
-                    fx_cache_misses=delta["fx_cache_misses"],
-                    wall_ms=(time.perf_counter() - started) * 1000,
-                    error=type(error).__name__ if error is not None else None,
-                )
-            )
+            record = watch.record(cell, key, error)
+            self._publish(record)
+            self.storms.observe(key, record, f"cell In[{cell}]")
+
+
+def compile_callable(
+    target: Any, compile_fn: Callable[..., Callable[..., Any]], publish: Any, **options: Any
+) -> Callable[..., Any]:
+    """``tpunb.compile``: ``torch.compile`` with tpunb's reporting. A call publishes a record
+    only when something was compiled or recompiled, so a warm training step pays a counter read."""
+    compiled = compile_fn(target, **options)
+    function = target.forward if isinstance(target, _module_type()) else target
+    code = getattr(function, "__code__", None)
+    name = getattr(function, "__qualname__", type(target).__name__)
+    storms = StormWatch()
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        watch = CompileWatch(code) if code is not None else None
+        error: BaseException | None = None
+        try:
+            return compiled(*args, **kwargs)
+        except BaseException as failure:
+            error = failure
+            raise
+        finally:
+            if watch is not None:
+                record = watch.record(None, name, error)
+                if record.graphs or record.recompile_reasons or record.graph_breaks:
+                    publish(record)
+                    storms.observe(name, record, name)
+
+    return run
+
+
+def _module_type() -> type:
+    import torch
+
+    return torch.nn.Module
 
 
 class CompileModePrefix:

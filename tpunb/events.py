@@ -57,6 +57,7 @@ class CellRun(Record):
     error: str | None
     compiled_graphs: int = 0  # compile mode: new graphs and graph breaks in the cell
     graph_breaks: int = 0
+    recompiles: str | None = None  # compile mode: why it recompiled, in words
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class FusionGroup(Record):
     compile_ms: float | None
     run_ms: float
     lifted: int  # floats fed as inputs instead of baked in
+    miss_reason: str | None = None  # on a miss: what differs from the last group of the same ops
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ class CompileDone(Record):
 
 @dataclass(frozen=True)
 class CompiledCell(Record):
-    """One run of a compile-mode cell: what Dynamo and Inductor did for it."""
+    """One run of a compile-mode cell (or a ``tpunb.compile`` function that compiled)."""
 
     kind: ClassVar[str] = "compiled"
     cell: int | None
@@ -97,6 +99,7 @@ class CompiledCell(Record):
     graphs: int  # new graphs compiled by this run (0: everything came from Dynamo's cache)
     frames: int  # frames Dynamo converted
     graph_breaks: dict[str, int]  # Dynamo's break reasons, shortened
+    recompile_reasons: list[str]  # failed guards in words: "x.shape[0] changed 64 → 17"
     fx_cache_hits: int  # Inductor FX-graph cache (on disk)
     fx_cache_misses: int
     wall_ms: float

@@ -66,6 +66,8 @@ def cell_summary(record: CellRun) -> str:
             parts.append(f"{record.graph_breaks} graph break{'s' if record.graph_breaks != 1 else ''}")
     if record.groups or "compile" not in record.mode:
         parts.append(f"{record.groups} group{'s' if record.groups != 1 else ''}")
+    if record.recompiles:
+        parts.append(f"recompiled: {record.recompiles}")
     if record.cache_hits or record.cache_misses:
         parts.append(f"cache {record.cache_hits} hit / {record.cache_misses} miss")
     if record.error:

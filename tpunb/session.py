@@ -137,6 +137,7 @@ class Session:
             error=type(error).__name__ if error is not None else None,
             compiled_graphs=sum(r.graphs for r in compiled),
             graph_breaks=sum(sum(r.graph_breaks.values()) for r in compiled),
+            recompiles="; ".join(reason for r in compiled for reason in r.recompile_reasons) or None,
         )
         self.bus.publish(record)
         return record

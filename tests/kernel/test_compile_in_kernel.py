@@ -6,39 +6,55 @@ import re
 
 import pytest
 
-TRAIN = """%%tpu_mode compile
+SETUP = """
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+twin = __import__("copy").deepcopy(model)
 data, target = torch.randn(32, 8), torch.randn(32, 2)
-with torch.no_grad():
-    prediction = model(data)
-error = torch.nn.functional.mse_loss(prediction, target)
-error
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+TRAIN = """%%tpu_mode compile
+losses = []
+for step in range(3):
+    loss = torch.nn.functional.mse_loss(model(data), target)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss.detach())
+final = losses[-1]
+final
+"""
+
+STRICT_TWIN = """
+twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+twin_losses = []
+for step in range(3):
+    loss = torch.nn.functional.mse_loss(twin(data), target)
+    twin_opt.zero_grad()
+    loss.backward()
+    twin_opt.step()
+    twin_losses.append(float(loss))
 """
 
 
-def test_a_compiled_cell_keeps_cell_semantics_and_reuses_its_graph(kernel):
+def test_a_compiled_training_cell_keeps_cell_semantics_and_reuses_its_graphs(kernel):
+    assert kernel.run(SETUP).error is None
     first = kernel.run(TRAIN)
     assert first.error is None, first.error
     assert re.search(r"^\[tpunb\] compile · [\d.]+ s · [1-9]\d* graphs? compiled", first.stdout, re.M), (
         first.stdout
     )
     assert "tensor(" in first.text  # the last expression is shown
-    compiled = kernel.value("float(error)")
-    strict = kernel.value("float(torch.nn.functional.mse_loss(model(data), target).detach())")
-    assert compiled == pytest.approx(strict, rel=1e-5)
-    assert kernel.value(
-        "sorted(k for k in ('model', 'data', 'target', 'prediction', 'error') if k in globals())"
-    ) == [
-        "data",
-        "error",
-        "model",
-        "prediction",
-        "target",
-    ]
+    assert kernel.run(STRICT_TWIN).error is None
+    assert kernel.value("[float(x) for x in losses]") == pytest.approx(kernel.value("twin_losses"), rel=1e-5)
+    names = kernel.value("sorted(k for k in ('losses', 'step', 'loss', 'final') if k in globals())")
+    assert names == ["final", "loss", "losses", "step"]
+    assert kernel.value("tpunb.stats()['compiled'][-1]['graphs']") >= 1
+    kernel.run("model.load_state_dict(twin.state_dict())")  # same cell again: Dynamo's cache serves it
     again = kernel.run(TRAIN)
     assert again.error is None, again.error
-    assert kernel.value("tpunb.stats()['compiled'][-1]['graphs']") == 0  # Dynamo's cache served it
+    assert kernel.value("tpunb.stats()['compiled'][-1]['graphs']") == 0
 
 
 def test_a_graph_break_runs_correctly_and_is_reported(kernel):
@@ -70,3 +86,16 @@ def test_compile_as_the_default_mode(kernel):
     assert plain.error is None and "4.0" in plain.text
     magic = kernel.run("%tpu_mode strict")  # magics are never wrapped
     assert magic.error is None and kernel.value("tpunb.current_mode()") == "strict"
+
+
+def test_a_recompile_names_the_input_that_changed(kernel):
+    cell = "%%tpu_mode compile\nout = torch.relu(batch * 2).sum()\nout"
+    assert kernel.run("batch = torch.randn(64, 8)").error is None
+    assert kernel.run(cell).error is None
+    assert kernel.run("batch = torch.randn(17, 8)").error is None
+    again = kernel.run(cell)
+    assert again.error is None, again.error
+    assert "recompiled: batch.shape[0] changed 64 → 17" in again.stdout, again.stdout
+    assert kernel.value("tpunb.stats()['compiled'][-1]['recompile_reasons']") == [
+        "batch.shape[0] changed 64 → 17"
+    ]

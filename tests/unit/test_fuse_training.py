@@ -134,3 +134,19 @@ def test_a_shape_storm_stops_compiling_and_warns():
     stats = engine.stats()
     assert stats["compiles"] == 8 and stats["graphs"] == 12
     assert [g.status for g in bus.recent("group")][-4:] == ["miss"] * 4
+
+
+def test_a_miss_says_what_changed_since_the_same_ops_last_ran():
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+    for rows in (64, 64, 17):
+        with engine.scope(REPLAY):
+            (torch.ones(rows, 3) * 2).sum().item()
+    reasons = [g.miss_reason for g in bus.recent("group")]
+    assert reasons[0] is None and reasons[1] is None
+    assert reasons[2] == "arguments of op #0 changed (a shape, size or constant)"
+    x64, x17 = torch.randn(64, 3), torch.randn(17, 3)
+    for x in (x64, x17):
+        with engine.scope(REPLAY):
+            (x * 2).relu().sum().item()
+    assert bus.recent("group")[-1].miss_reason == "input 0 shape changed [64, 3] → [17, 3]"

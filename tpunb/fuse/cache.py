@@ -74,6 +74,7 @@ class GraphCache:
         self._warnings: list[str] = []
         self._named: dict[str, Variant] = {}
         self._families: dict[int, int] = {}
+        self._last_of_family: dict[int, GroupKey] = {}
         self.counters = CacheCounters()
 
     def variant(
@@ -122,6 +123,14 @@ class GraphCache:
         with self._lock:
             self._families[family] = self._families.get(family, 0) + 1
             return self._families[family]
+
+    def previous_of_family(self, family: int, skeleton: GroupKey) -> GroupKey | None:
+        """The last other skeleton seen with the same op sequence (to explain a miss); records
+        ``skeleton`` as the newest."""
+        with self._lock:
+            previous = self._last_of_family.get(family)
+            self._last_of_family[family] = skeleton
+        return previous if previous != skeleton else None
 
     def compile(self, name: str, variant: Variant, job: CompileJob, wait: bool) -> None:
         """Run ``job`` (build + compile) on the worker thread; with ``wait``, block for it."""
@@ -214,3 +223,30 @@ class GroupKey:
 
 def short_hash(skeleton: GroupKey, key: tuple) -> str:
     return f"{hash((skeleton, key)) & 0xFFFFFFFFFFFF:012x}"
+
+
+def explain_miss(previous: GroupKey, current: GroupKey) -> str:
+    """What differs between two skeletons of one op sequence, in words (the first difference)."""
+    old_ops, old_inputs, old_outputs, old_device = previous.parts
+    new_ops, new_inputs, new_outputs, new_device = current.parts
+    if old_device != new_device:
+        return f"device changed {old_device} → {new_device}"
+    if len(old_inputs) != len(new_inputs):
+        return f"it reads {len(new_inputs)} tensors instead of {len(old_inputs)}"
+    for index, (old, new) in enumerate(zip(old_inputs, new_inputs, strict=True)):
+        if old != new:
+            what = ("shape", "stride", "storage offset", "dtype", "aliasing")
+            field = next(k for k in range(5) if old[k] != new[k])
+            return f"input {index} {what[field]} changed {_plain(old[field])} → {_plain(new[field])}"
+    for index, (old, new) in enumerate(zip(old_ops, new_ops, strict=True)):
+        if old != new:
+            return f"arguments of op #{index} changed (a shape, size or constant)"
+    if old_outputs != new_outputs:
+        return "a different set of its results is still in use"
+    return "its structure changed"
+
+
+def _plain(value: object) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value).removeprefix("torch.")

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from tpunb.events import CompileDone, FusionGroup
 from tpunb.fuse.adopt import adopt_tensor, tensors_of
-from tpunb.fuse.cache import STORM_VARIANTS, GraphCache, GroupKey, Variant, short_hash
+from tpunb.fuse.cache import STORM_VARIANTS, GraphCache, GroupKey, Variant, explain_miss, short_hash
 from tpunb.fuse.deferred import DeferredTensor, same_objects, written_argument
 from tpunb.fuse.errors import (
     FusedOpError,
@@ -307,10 +307,16 @@ class FusionEngine:
         lift_dtypes = [s.dtype if s.liftable else None for s in trace.float_slots]
         variant, key, lifted = self.cache.variant(skeleton, trace.floats, lift_dtypes)
         status = "hit" if variant is not None and variant.state == "ready" else "miss"
+        family = hash(tuple([op.key[0] for op in trace.ops]))  # the op sequence, shapes aside
+        previous = self.cache.previous_of_family(family, skeleton)
+        why = None
         if variant is None:
             variant = Variant(lifted=lifted)
             self.cache.add(skeleton, key, variant)
-            family = hash(tuple([op.key[0] for op in trace.ops]))  # the op sequence, shapes aside
+            if previous is not None:
+                why = explain_miss(previous, skeleton)
+            elif lifted:
+                why = f"{len(lifted)} Python float(s) began to vary: now graph inputs"
             if not self.options.compile:
                 variant.state, variant.error = "failed", "compilation off"
             elif self.cache.storming(family):
@@ -338,7 +344,7 @@ class FusionEngine:
         for wrapper in written:
             wrapper._pending = None
         self.groups += 1
-        self._publish_group(trace, reason, where, status, variant, key, skeleton, started)
+        self._publish_group(trace, reason, where, status, variant, key, skeleton, started, why)
         self.cache.emit_warnings()
 
     def _run(self, trace: Trace, outputs: list, variant: Variant) -> list[torch.Tensor]:
@@ -388,7 +394,7 @@ class FusionEngine:
 
     # --- records ------------------------------------------------------------------------------
 
-    def _publish_group(self, trace, reason, where, status, variant, key, skeleton, started) -> None:
+    def _publish_group(self, trace, reason, where, status, variant, key, skeleton, started, why) -> None:
         if self._publish is None:
             return
         counts = Counter(op.key[0] for op in trace.ops)  # by op id: cheaper than names
@@ -406,6 +412,7 @@ class FusionEngine:
                 compile_ms=variant.compile_ms if status == "miss" and self.options.sync_compile else None,
                 run_ms=(time.perf_counter() - started) * 1000,
                 lifted=len(variant.lifted),
+                miss_reason=why,
             )
         )
 

@@ -102,6 +102,9 @@ function cacheSection(state) {
   const last = state.last_compile;
   section.appendChild(element("div", "tpunb-note",
     last ? `last compile: ${last.key} ${last.ok ? "ok" : "failed"} in ${ms(last.compile_ms)}` : "last compile: n/a"));
+  const recompile = element("div", "tpunb-note", `last recompile: ${state.last_recompile ?? NA}`);
+  recompile.dataset.role = "last-recompile";
+  section.appendChild(recompile);
   return section;
 }
 

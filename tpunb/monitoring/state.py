@@ -52,8 +52,18 @@ class MonitorState:
             "cache": stats["cache"],
             "compile": self.session.runtime.cache_details(),
             "last_compile": compiles[-1].as_dict() if compiles else None,
+            "last_recompile": self._last_recompile(),
             "tick": self.ticks,
         }
+
+    def _last_recompile(self) -> str | None:
+        """Why something compiled again, newest first: a fused miss or a compile-mode guard."""
+        bus = self.session.bus
+        candidates = [(g.time, g.miss_reason) for g in bus.recent("group", 50) if g.miss_reason]
+        candidates += [
+            (c.time, c.recompile_reasons[0]) for c in bus.recent("compiled", 50) if c.recompile_reasons
+        ]
+        return max(candidates)[1] if candidates else None
 
     def _thinned_timeline(self, now: float) -> list[list[float]]:
         points = list(self.timeline)
@@ -82,6 +92,7 @@ def format_text(state: dict[str, Any]) -> str:
         f"  compile cache: {requests} requests, {cache['hits']} hits, {cache['misses']} misses "
         f"(hit rate {rate}), {cache['compiles']} compiles",
         f"  fusion groups: {state['groups_total']}",
+        f"  last recompile: {state['last_recompile'] or 'n/a'}",
     ]
     for group in state["groups"][:5]:
         ops = ", ".join(f"{name}×{n}" for name, n in group["top_ops"].items())

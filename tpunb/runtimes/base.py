@@ -67,8 +67,9 @@ class Runtime(Protocol):
         """Extra cache figures for the monitor (compile time, failures, graphs); {} if none."""
         ...
 
-    def compile_function(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Compile mode's compiler for this runtime (e.g. ``torch.compile`` with its backend)."""
+    def compile_function(self, fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+        """Compile mode's compiler for this runtime (``torch.compile`` with its backend);
+        ``options`` are ``torch.compile``'s keyword arguments."""
         ...
 
     def group_graph(self, key: str) -> str | None:

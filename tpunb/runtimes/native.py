@@ -102,8 +102,8 @@ class NativeRuntime:
         stats = self.engine.stats()
         return {key: stats[key] for key in ("compile_ms", "failures", "graphs", "ops")}
 
-    def compile_function(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        return torch.compile(fn, backend="inductor")
+    def compile_function(self, fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+        return torch.compile(fn, **{"backend": "inductor", **options})
 
     def group_graph(self, key: str) -> str | None:
         return self.engine.cache.code(key)

@@ -1,0 +1,55 @@
+"""``tpunb.compile``: torch.compile with tpunb's reporting (new graphs, recompiles, storms)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tpunb
+from tpunb.cellcompile import explain_guard
+
+
+def test_guard_failures_read_as_words():
+    assert explain_guard("0/0: tensor 'x' size mismatch at index 0. expected 64, actual 17") == (
+        "x.shape[0] changed 64 → 17"
+    )
+    assert explain_guard("tensor 'G['batch']' size mismatch at index 1. expected 8, actual 9") == (
+        "batch.shape[1] changed 8 → 9"
+    )
+    assert explain_guard("0/1: ___check_obj_id(lr, 1234)") == "___check_obj_id(lr, 1234)"
+
+
+def test_compiled_functions_report_graphs_and_recompiles():
+    def scaled_sum(x):
+        return (x * 2).sum()
+
+    compiled = tpunb.compile(scaled_sum)
+    assert compiled(torch.ones(64, 3)).item() == 384.0
+    first = tpunb.stats()["compiled"][-1]
+    assert first["key"].endswith("scaled_sum") and first["graphs"] == 1
+    before = len(tpunb.stats()["compiled"])
+    compiled(torch.ones(64, 3))  # warm: nothing compiled, nothing published
+    assert len(tpunb.stats()["compiled"]) == before
+    compiled(torch.ones(17, 3))
+    assert tpunb.stats()["compiled"][-1]["recompile_reasons"] == ["x.shape[0] changed 64 → 17"]
+
+
+def test_a_recompile_storm_warns_once_with_the_fixes():
+    def cubed(x):
+        return x**3
+
+    compiled = tpunb.compile(cubed, dynamic=False)
+    with pytest.warns(
+        RuntimeWarning, match=r"recompiled 5 times; last because x.shape\[0\] changed"
+    ) as caught:
+        for size in range(1, 9):
+            compiled(torch.ones(size))
+    assert len([w for w in caught if "recompiled" in str(w.message)]) == 1
+    assert "mark_dynamic" in str(caught[0].message)
+
+
+def test_modules_compile_too():
+    model = torch.nn.Linear(4, 2)
+    compiled = tpunb.compile(model)
+    torch.testing.assert_close(compiled(torch.ones(3, 4)), model(torch.ones(3, 4)))
+    assert tpunb.stats()["compiled"][-1]["graphs"] >= 1
