@@ -10,7 +10,6 @@ ends when no monitor widget is left.
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from typing import Any
 
@@ -72,12 +71,3 @@ class Sampler:
                 unchanged += 1
             previous = comparable
             self._stop.wait(FAST_PERIOD_S if unchanged < IDLE_TICKS else SLOW_PERIOD_S)
-
-    def wait_for_tick(self, timeout: float = 5.0) -> bool:
-        """Block until the next tick is sent (tests)."""
-        start, deadline = self.ticks_sent, time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.ticks_sent > start:
-                return True
-            time.sleep(0.02)
-        return False
