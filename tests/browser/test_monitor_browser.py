@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from pathlib import Path
@@ -26,6 +27,14 @@ CELLS = [
 RUNNING = "() => [...document.querySelectorAll('.jp-InputPrompt')].some(p => p.textContent.includes('*'))"
 
 
+def dismiss_news_toast(page) -> None:
+    """JupyterLab asks about news in a toast that can cover the output; answer it if shown."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    with contextlib.suppress(PlaywrightTimeout):
+        page.get_by_role("button", name="No", exact=True).click(timeout=15_000)
+
+
 def changes(values: list[str]) -> int:
     return sum(1 for a, b in itertools.pairwise(values) if a != b)
 
@@ -40,7 +49,7 @@ def test_monitor_readouts_change_while_the_cell_runs(lab, page):
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, root / "monitor.ipynb")
     page.goto(f"{url}/lab/tree/monitor.ipynb")
-    page.get_by_role("button", name="No", exact=True).click(timeout=30_000)  # the "Jupyter news?" toast
+    dismiss_news_toast(page)
     page.wait_for_function(
         "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel?.status === 'idle'",
         timeout=120_000,
