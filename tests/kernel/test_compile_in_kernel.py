@@ -14,28 +14,22 @@ data, target = torch.randn(32, 8), torch.randn(32, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 """
 
-TRAIN = """%%tpu_mode compile
-losses = []
+LOOP = """{header}
+{losses} = []
 for step in range(3):
-    loss = torch.nn.functional.mse_loss(model(data), target)
-    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss({model}(data), target)
+    {opt}.zero_grad()
     loss.backward()
-    opt.step()
-    losses.append(loss.detach())
-final = losses[-1]
-final
+    {opt}.step()
+    {losses}.append(loss.detach())
 """
-
-STRICT_TWIN = """
-twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1)
-twin_losses = []
-for step in range(3):
-    loss = torch.nn.functional.mse_loss(twin(data), target)
-    twin_opt.zero_grad()
-    loss.backward()
-    twin_opt.step()
-    twin_losses.append(float(loss))
-"""
+TRAIN = (
+    LOOP.format(header="%%tpu_mode compile", losses="losses", model="model", opt="opt")
+    + "final = losses[-1]\nfinal\n"
+)
+STRICT_TWIN = "twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1)\n" + LOOP.format(
+    header="", losses="twin_losses", model="twin", opt="twin_opt"
+)
 
 
 def test_a_compiled_training_cell_keeps_cell_semantics_and_reuses_its_graphs(kernel):
@@ -47,7 +41,9 @@ def test_a_compiled_training_cell_keeps_cell_semantics_and_reuses_its_graphs(ker
     )
     assert "tensor(" in first.text  # the last expression is shown
     assert kernel.run(STRICT_TWIN).error is None
-    assert kernel.value("[float(x) for x in losses]") == pytest.approx(kernel.value("twin_losses"), rel=1e-5)
+    assert kernel.value("[float(x) for x in losses]") == pytest.approx(
+        kernel.value("[float(x) for x in twin_losses]"), rel=1e-5
+    )
     names = kernel.value("sorted(k for k in ('losses', 'step', 'loss', 'final') if k in globals())")
     assert names == ["final", "loss", "losses", "step"]
     assert kernel.value("tpunb.stats()['compiled'][-1]['graphs']") >= 1

@@ -125,8 +125,8 @@ class GraphCache:
             return self._families[family]
 
     def previous_of_family(self, family: int, skeleton: GroupKey) -> GroupKey | None:
-        """The last other skeleton seen with the same op sequence (to explain a miss); records
-        ``skeleton`` as the newest."""
+        """The last other skeleton that missed with the same op sequence (to explain this
+        miss); records ``skeleton`` as the newest."""
         with self._lock:
             previous = self._last_of_family.get(family)
             self._last_of_family[family] = skeleton

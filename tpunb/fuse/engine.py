@@ -307,12 +307,12 @@ class FusionEngine:
         lift_dtypes = [s.dtype if s.liftable else None for s in trace.float_slots]
         variant, key, lifted = self.cache.variant(skeleton, trace.floats, lift_dtypes)
         status = "hit" if variant is not None and variant.state == "ready" else "miss"
-        family = hash(tuple([op.key[0] for op in trace.ops]))  # the op sequence, shapes aside
-        previous = self.cache.previous_of_family(family, skeleton)
         why = None
-        if variant is None:
+        if variant is None:  # a miss: only misses pay for the family bookkeeping below
             variant = Variant(lifted=lifted)
             self.cache.add(skeleton, key, variant)
+            family = hash(tuple([op.key[0] for op in trace.ops]))  # the op sequence, shapes aside
+            previous = self.cache.previous_of_family(family, skeleton)
             if previous is not None:
                 why = explain_miss(previous, skeleton)
             elif lifted:
