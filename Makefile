@@ -1,7 +1,11 @@
 # Set-up and checks, each creating or reusing the virtual environment in .venv.
-#   make lab    JupyterLab with tpunb and the bundled notebooks (CPU default)
-#   make test   lint, then every test group (unit, kernel, browser, notebooks)
+#   make lab            JupyterLab with tpunb and the bundled notebooks (CPU default)
+#   make test           lint, every test group in .venv, then the two runtime suites
+#   make test-xla       tests/xla in .venv-xla: real torch_xla on its CPU PJRT device
+#   make test-torchtpu  tests/torchtpu in .venv-torchtpu: the real torch_tpu package
 # TORCH picks the torch build; the default is the CPU-friendly release tpunb is tested with.
+# The runtime suites get their own environments: torch_xla pins torch to its own release,
+# and torch_tpu loads itself into every `import torch` once installed.
 
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
@@ -9,7 +13,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tpunb-installed
 
-.PHONY: lab test lint venv chromium
+XLA_PACKAGES ?= torch==2.9.0 torch_xla==2.9.0
+TORCHTPU_PACKAGES ?= torch==2.13.0 torch_tpu==0.2.0
+RUNTIME_PYTEST := -m pytest -o addopts="-ra --strict-markers"
+
+.PHONY: lab test lint venv chromium test-xla test-torchtpu
 
 venv: $(STAMP)
 
@@ -35,3 +43,17 @@ chromium:
 
 test: lint chromium
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+	$(MAKE) test-xla test-torchtpu
+
+.venv-%/.tpunb-installed: pyproject.toml
+	$(PYTHON) -m venv .venv-$*
+	.venv-$*/bin/python -m pip install --upgrade pip
+	.venv-$*/bin/python -m pip install $(if $(filter xla,$*),$(XLA_PACKAGES),$(TORCHTPU_PACKAGES))
+	.venv-$*/bin/python -m pip install -e ".[kernel-tests]"
+	touch $@
+
+test-xla: .venv-xla/.tpunb-installed
+	OMP_NUM_THREADS=1 PJRT_DEVICE=CPU .venv-xla/bin/python $(RUNTIME_PYTEST) tests/xla
+
+test-torchtpu: .venv-torchtpu/.tpunb-installed
+	OMP_NUM_THREADS=1 .venv-torchtpu/bin/python $(RUNTIME_PYTEST) tests/torchtpu

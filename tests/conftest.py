@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-GROUPS = ("unit", "kernel", "browser", "notebooks")
+GROUPS = ("unit", "kernel", "browser", "notebooks", "xla", "torchtpu")
+
+#: Runtime suites that need their own virtual environment (``make test-xla``,
+#: ``make test-torchtpu``): collected only where their package is installed.
+RUNTIME_SUITES = {"xla": "torch_xla", "torchtpu": "torch_tpu"}
+
+collect_ignore = [
+    folder for folder, package in RUNTIME_SUITES.items() if importlib.util.find_spec(package) is None
+]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

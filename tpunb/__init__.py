@@ -103,7 +103,11 @@ def compile(fn_or_module: Any, **torch_compile_options: Any) -> Any:
 
     session = get_session()
     return compile_callable(
-        fn_or_module, session.runtime.compile_function, session.bus.publish, **torch_compile_options
+        fn_or_module,
+        session.runtime.compile_function,
+        session.bus.publish,
+        session.runtime.compiled_graphs,
+        **torch_compile_options,
     )
 
 

@@ -152,11 +152,22 @@ def _short(reason: str) -> str:
     return line if len(line) <= 160 else line[:157] + "..."
 
 
-class CompileWatch:
-    """What Dynamo and Inductor did between ``start()`` and ``record()``, for one code object."""
+#: Counts the graphs a runtime compiled outside Dynamo's sight (None: Dynamo counts them).
+GraphCounter = Callable[[], int | None]
 
-    def __init__(self, code: CodeType) -> None:
+
+def _no_graph_counter() -> None:
+    return None
+
+
+class CompileWatch:
+    """What Dynamo and Inductor (or the runtime's own compiler) did between construction and
+    ``record()``, for one code object."""
+
+    def __init__(self, code: CodeType, graph_counter: GraphCounter = _no_graph_counter) -> None:
         self.code = code
+        self._graph_counter = graph_counter
+        self._graphs = graph_counter()
         self._counters = _counters()
         self._breaks = _breaks()
         self._guards = len(_guard_failures(code))
@@ -165,10 +176,11 @@ class CompileWatch:
     def record(self, cell: int | None, key: str, error: BaseException | None) -> CompiledCell:
         counters, breaks = _counters(), _breaks()
         delta = {name: counters[name] - self._counters[name] for name in counters}
+        graphs = self._graph_counter()
         return CompiledCell(
             cell=cell,
             key=key,
-            graphs=delta["graphs"],
+            graphs=delta["graphs"] if graphs is None or self._graphs is None else graphs - self._graphs,
             frames=delta["frames"],
             graph_breaks={
                 _short(reason): count - self._breaks.get(reason, 0)
@@ -213,9 +225,15 @@ class StormWatch:
 class CellCompiler:
     """Compiles and runs cells; keeps one compiled function per cell text."""
 
-    def __init__(self, compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]], publish: Any) -> None:
+    def __init__(
+        self,
+        compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]],
+        publish: Any,
+        graph_counter: GraphCounter = _no_graph_counter,
+    ) -> None:
         self._compile = compile_fn
         self._publish = publish
+        self._graph_counter = graph_counter
         self._compiled: dict[str, tuple[Callable[[], Any], Callable[[], Any], list[str]]] = {}
         self.storms = StormWatch()
 
@@ -234,7 +252,7 @@ class CellCompiler:
         placeholders = [name for name in names if name not in namespace]
         for name in placeholders:
             namespace[name] = UNASSIGNED
-        watch = CompileWatch(plain.__code__)
+        watch = CompileWatch(plain.__code__, self._graph_counter)
         error: BaseException | None = None
         try:
             try:
@@ -256,7 +274,11 @@ class CellCompiler:
 
 
 def compile_callable(
-    target: Any, compile_fn: Callable[..., Callable[..., Any]], publish: Any, **options: Any
+    target: Any,
+    compile_fn: Callable[..., Callable[..., Any]],
+    publish: Any,
+    graph_counter: GraphCounter = _no_graph_counter,
+    **options: Any,
 ) -> Callable[..., Any]:
     """``tpunb.compile``: ``torch.compile`` with tpunb's reporting. A call publishes a record
     only when something was compiled or recompiled, so a warm training step pays a counter read."""
@@ -268,7 +290,7 @@ def compile_callable(
 
     @functools.wraps(function)
     def run(*args: Any, **kwargs: Any) -> Any:
-        watch = CompileWatch(code) if code is not None else None
+        watch = CompileWatch(code, graph_counter) if code is not None else None
         error: BaseException | None = None
         try:
             return compiled(*args, **kwargs)

@@ -7,16 +7,17 @@ importing TPU packages (importing torch_xla or torch_tpu can grab the chip).
 
 from __future__ import annotations
 
-import importlib.metadata
+import os
 import platform
-import re
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tpunb.runtimes import RuntimeUnavailable, detect_runtime, resolve_choice
 from tpunb.runtimes.detect import cuda_device_name, installed
 from tpunb.runtimes.hardware import TpuHardware, scan_tpu
+from tpunb.versions import distribution_version, release, torch_xla_mismatch
 
 OK, INFO, WARN, ERROR = "ok", "info", "warn", "error"
 
@@ -68,19 +69,6 @@ class Report:
         }
 
 
-def distribution_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def release(version: str) -> tuple[int, ...]:
-    """``2.9.0+cpu`` -> (2, 9, 0): the part torch and torch_xla must agree on."""
-    match = re.match(r"\d+(?:\.\d+)*", version)
-    return tuple(int(n) for n in match.group(0).split(".")) if match else ()
-
-
 def check_versions(versions: dict[str, str | None]) -> list[Check]:
     checks = [Check("python", OK if sys.version_info >= (3, 11) else ERROR, platform.python_version())]
     for name, required in PACKAGES:
@@ -97,11 +85,9 @@ def check_torch_pairs(versions: dict[str, str | None]) -> list[Check]:
     torch, xla, tpu = versions.get("torch"), versions.get("torch_xla"), versions.get("torch_tpu")
     checks = []
     if torch and xla:
-        same = release(torch)[:3] == release(xla)[:3]
-        detail = f"torch {torch} and torch_xla {xla}" + (
-            "" if same else ": they must be the same release (pip install torch==<torch_xla version>)"
-        )
-        checks.append(Check("torch = torch_xla", OK if same else ERROR, detail))
+        mismatch = torch_xla_mismatch(torch, xla)
+        detail = mismatch or f"torch {torch}, torch_xla {xla}"
+        checks.append(Check("torch = torch_xla", ERROR if mismatch else OK, detail))
     if torch and tpu:
         low, high = TORCH_TPU_TORCH_RANGE
         inside = low <= release(torch)[:2] <= high
@@ -132,6 +118,31 @@ def check_tpu(tpu: TpuHardware, versions: dict[str, str | None]) -> list[Check]:
     return checks
 
 
+def check_runtime_settings(
+    versions: dict[str, str | None], env: Mapping[str, str], tpu: TpuHardware
+) -> list[Check]:
+    """Settings that decide what a TPU runtime shows or does; most are read once at import,
+    so they must be right before the kernel starts."""
+    checks = []
+    if versions.get("torch_xla"):
+        if not tpu.present and not env.get("PJRT_DEVICE") and not env.get("TPUNB_RUNTIME"):
+            idle = "torch_xla is installed but, with no TPU, used only with PJRT_DEVICE=CPU set"
+            checks.append(Check("PJRT_DEVICE", INFO, idle))
+        level = env.get("PT_XLA_DEBUG_LEVEL")
+        if env.get("TPUNB_XLA_GRAPH_LOG") == "0" or (level is not None and level.strip() in ("0", "1")):
+            quiet = "torch_xla's graph log is off: the monitor counts graphs but cannot list them"
+            checks.append(Check("XLA graph log", INFO, quiet))
+        if env.get("XLA_PERSISTENT_CACHE_PATH"):
+            checks.append(Check("XLA cache", OK, env["XLA_PERSISTENT_CACHE_PATH"]))
+    if versions.get("torch_tpu"):
+        if not env.get("TORCH_TRACE"):
+            groups = "TorchTPU reports fusion groups only with TORCH_TRACE=<dir> set before the kernel starts"
+            checks.append(Check("TorchTPU trace", INFO, groups))
+        if env.get("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"):
+            checks.append(Check("TorchTPU cache", OK, env["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"]))
+    return checks
+
+
 def check_cuda() -> list[Check]:
     if not installed("torch"):
         return []
@@ -157,6 +168,7 @@ def run_checks() -> Report:
     report.checks += check_versions(report.versions)
     report.checks += check_torch_pairs(report.versions)
     report.checks += check_tpu(tpu, report.versions)
+    report.checks += check_runtime_settings(report.versions, os.environ, tpu)
     report.checks += check_cuda()
     report.checks += check_runtime(report, tpu)
     return report

@@ -58,6 +58,7 @@ class CellRun(Record):
     compiled_graphs: int = 0  # compile mode: new graphs and graph breaks in the cell
     graph_breaks: int = 0
     recompiles: str | None = None  # compile mode: why it recompiled, in words
+    counters: dict[str, float] = field(default_factory=dict)  # runtime counters that moved
 
 
 @dataclass(frozen=True)

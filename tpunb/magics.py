@@ -118,22 +118,22 @@ class TpuMagics(Magics):
         print(f"tpunb: cell summaries {'on' if self.session.summary_enabled else 'off'}")
 
     @magic_arguments()
-    @argument("directory", nargs="?", help="where compiled groups are kept; omit to show it.")
+    @argument("directory", nargs="?", help="where compiled programs are kept; omit to show it.")
     @line_magic
     def tpu_cache(self, line: str) -> None:
-        """Show or set the on-disk compile cache, which makes a restarted kernel's compiles cheap.
-
-        The default is ``TPUNB_CACHE_DIR`` or ``~/.cache/tpunb/inductor``.
+        """Show or set the runtime's persistent compile cache, which makes a restarted kernel's
+        compiles cheap: Inductor's caches on native (``TPUNB_CACHE_DIR`` or
+        ``~/.cache/tpunb/inductor`` by default), torch_xla's persistent cache on XLA and the
+        tier-3 cache on TorchTPU (both only before the first computation).
         """
-        from tpunb.fuse.disk_cache import current_cache_dir, use_cache_dir
+        from tpunb.runtimes import CacheDirError
 
         args = parse_argstring(self.tpu_cache, line)
-        if args.directory is not None:
-            try:
-                use_cache_dir(args.directory)
-            except OSError as error:
-                raise UsageError(f"%tpu_cache: cannot use {args.directory!r}: {error.strerror}") from None
-        print(f"tpunb: compile cache at {current_cache_dir() or 'the default (set on first use)'}")
+        try:
+            current = self.session.runtime.cache_dir(args.directory)
+        except CacheDirError as error:
+            raise UsageError(f"%tpu_cache: {error}") from None
+        print(f"tpunb: compile cache at {current or 'the default (set on first use)'}")
 
     @line_magic
     def tpu_monitor(self, line: str) -> Any:

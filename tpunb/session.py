@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import asdict
@@ -20,7 +21,14 @@ from typing import Any
 from tpunb.cellcompile import CellCompiler
 from tpunb.events import CellRun, EventBus, ModeChange
 from tpunb.modes import Mode, ModeConfig
-from tpunb.runtimes import CacheStats, ModeUnavailable, Runtime, RuntimeChoice, create_runtime
+from tpunb.runtimes import (
+    CPU_FALLBACK,
+    CacheStats,
+    ModeUnavailable,
+    Runtime,
+    RuntimeChoice,
+    create_runtime,
+)
 
 #: How many fusion-group records ``stats()`` returns.
 STATS_GROUPS = 50
@@ -62,6 +70,7 @@ class Session:
         """Make ``config`` the mode of this and later cells (or of the rest of a script)."""
         self.check_supported(config)
         previous, self._default = self._default, config
+        self.runtime.default_changed(config)
         self.bus.publish(ModeChange(previous=previous.describe(), current=config.describe(), source=source))
         if self._cell is not None or not self._in_notebook:
             self._activate()
@@ -108,6 +117,7 @@ class Session:
             cache_before=self.runtime.cache_stats(),
             groups_before=self.bus.count("group"),
             compiled_before=self.bus.count("compiled"),
+            counters_before=self.runtime.counters(),
         )
         self._activate()
 
@@ -126,6 +136,7 @@ class Session:
         cache = self.runtime.cache_stats()
         runs = self.bus.count("compiled") - cell.compiled_before
         compiled = self.bus.recent("compiled", runs) if runs else []
+        counters = _changes(cell.counters_before, self.runtime.counters())
         record = CellRun(
             cell=cell.number,
             mode=_summary_mode(cell.modes),
@@ -138,8 +149,10 @@ class Session:
             compiled_graphs=sum(r.graphs for r in compiled),
             graph_breaks=sum(sum(r.graph_breaks.values()) for r in compiled),
             recompiles="; ".join(reason for r in compiled for reason in r.recompile_reasons) or None,
+            counters=counters,
         )
         self.bus.publish(record)
+        _warn_fallbacks(counters)
         return record
 
     # --- the stats snapshot ----------------------------------------------------------------
@@ -158,14 +171,36 @@ class Session:
             "cache": asdict(self.runtime.cache_stats()),
             "groups": [r.as_dict() for r in self.bus.recent("group", STATS_GROUPS)],
             "compiled": [r.as_dict() for r in self.bus.recent("compiled", STATS_GROUPS)],
+            "counters": self.runtime.counters(),
+            "last_cell": cells[-1].as_dict() if (cells := self.bus.recent("cell", 1)) else None,
         }
 
     @property
     def cell_compiler(self) -> CellCompiler:
         """Compile mode's cell runner, over this runtime's compiler (made on first use)."""
         if self._cell_compiler is None:
-            self._cell_compiler = CellCompiler(self.runtime.compile_function, self.bus.publish)
+            self._cell_compiler = CellCompiler(
+                self.runtime.compile_cell, self.bus.publish, self.runtime.compiled_graphs
+            )
         return self._cell_compiler
+
+
+def _changes(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The counters that moved during a cell, by how much."""
+    changed = {name: value - before.get(name, 0) for name, value in after.items()}
+    return {name: round(delta, 6) for name, delta in changed.items() if delta}
+
+
+def _warn_fallbacks(counters: dict[str, float]) -> None:
+    """Ops the device had no kernel for ran on the host: each is a round trip, so say which."""
+    ops = [
+        f"{name.removeprefix(CPU_FALLBACK)} ×{int(count)}"
+        for name, count in counters.items()
+        if name.startswith(CPU_FALLBACK)
+    ]
+    if ops:  # no user frame to point at: the counters say what ran, not where
+        text = f"ran on the CPU (no device kernel; each is a device-host round trip): {', '.join(ops)}"
+        warnings.warn_explicit(text, RuntimeWarning, filename="tpunb", lineno=0)
 
 
 def _summary_mode(used: set[Mode]) -> str:
@@ -186,12 +221,14 @@ class _CellWindow:
         cache_before: CacheStats,
         groups_before: int,
         compiled_before: int,
+        counters_before: dict[str, float],
     ) -> None:
         self.number = number
         self.peak_resettable = peak_resettable
         self.cache_before = cache_before
         self.groups_before = groups_before
         self.compiled_before = compiled_before
+        self.counters_before = counters_before
         self.started = time.perf_counter()
         self.modes: set[Mode] = set()
 

@@ -34,7 +34,8 @@ class _Prefixes:
 
     @classmethod
     def discover(cls) -> _Prefixes:
-        packages = [_package_dir(name) for name in ("tpunb", "torch", "IPython", "ipykernel")]
+        names = ("tpunb", "torch", "torch_xla", "torch_tpu", "IPython", "ipykernel")
+        packages = [_package_dir(name) for name in names]
         paths = sysconfig.get_paths()
         site = {_dir_prefix(paths.get("purelib")), _dir_prefix(paths.get("platlib"))}
         return cls(
@@ -56,13 +57,18 @@ _verdicts: dict[CodeType, bool] = {}
 _prefixes: _Prefixes | None = None
 
 
-def _is_internal(code: CodeType) -> bool:
+def is_internal_file(filename: str) -> bool:
+    """Whether ``filename`` belongs to tpunb, torch, a TPU runtime, IPython or the stdlib."""
     global _prefixes
+    if _prefixes is None:
+        _prefixes = _Prefixes.discover()
+    return _prefixes.internal(filename)
+
+
+def _is_internal(code: CodeType) -> bool:
     verdict = _verdicts.get(code)
     if verdict is None:
-        if _prefixes is None:
-            _prefixes = _Prefixes.discover()
-        verdict = _verdicts[code] = _prefixes.internal(code.co_filename)
+        verdict = _verdicts[code] = is_internal_file(code.co_filename)
     return verdict
 
 

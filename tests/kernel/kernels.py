@@ -100,14 +100,17 @@ class Kernel:
         self.manager.shutdown_kernel(now=True)
 
 
-def start_kernel(tmp_dir: Path, extra_arguments: list[str] | None = None) -> Kernel:
+def start_kernel(
+    tmp_dir: Path, extra_arguments: list[str] | None = None, env: dict[str, str] | None = None
+) -> Kernel:
+    """A kernel on this interpreter; ``env`` adds to its environment (TPUNB_RUNTIME, say)."""
     spec_dir = tmp_dir / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
     spec = {
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "tpunb test kernel",
         "language": "python",
-        "env": {"OMP_NUM_THREADS": "1"},
+        "env": {"OMP_NUM_THREADS": "1", **(env or {})},
     }
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     specs = KernelSpecManager(kernel_dirs=[str(tmp_dir / "kernels")])

@@ -9,7 +9,14 @@ import time
 
 import pytest
 
-from tpunb.runtimes import ADAPTERS, RuntimeUnavailable, create_runtime, detect_runtime, resolve_choice
+from tpunb.runtimes import (
+    ADAPTERS,
+    PACKAGES,
+    RuntimeUnavailable,
+    create_runtime,
+    detect_runtime,
+    resolve_choice,
+)
 from tpunb.runtimes.detect import RuntimeChoice, installed
 from tpunb.runtimes.hardware import TpuHardware, device_files, holders, scan_pci
 
@@ -37,12 +44,22 @@ def test_tpu_without_tpu_packages_stays_native_and_says_so():
     assert "neither torch_tpu nor torch_xla" in choice.reason
 
 
-def test_a_detected_runtime_without_an_adapter_falls_back_but_an_explicit_one_fails():
-    missing = next(name for name in ("xla", "torchtpu") if name not in ADAPTERS)
-    fallback = resolve_choice(RuntimeChoice(missing, "found it"))
-    assert fallback.name == "native" and f"{missing} adapter is not available" in fallback.reason
-    with pytest.raises(RuntimeUnavailable, match=f"the '{missing}' runtime adapter is not available"):
-        resolve_choice(RuntimeChoice(missing, "asked", explicit=True))
+@pytest.mark.skipif(installed("torch_xla"), reason="needs torch_xla absent")
+def test_a_runtime_asked_for_without_its_package_says_what_to_install():
+    with pytest.raises(RuntimeUnavailable, match=r"torch_xla is not installed: pip install 'tpunb\[xla\]'"):
+        resolve_choice(RuntimeChoice("xla", "TPUNB_RUNTIME=xla", explicit=True))
+
+
+def test_a_detected_runtime_that_fails_to_start_falls_back_to_native_with_a_warning(monkeypatch):
+    # a TPU runtime whose import fails the way a torch/torch_xla mismatch does
+    monkeypatch.setitem(ADAPTERS, "xla", "tpunb.runtimes.no_such_adapter:XlaRuntime")
+    monkeypatch.setitem(PACKAGES, "xla", ("torch", "xla"))
+    with pytest.warns(RuntimeWarning, match="the xla runtime failed to start"):
+        runtime, choice = create_runtime(RuntimeChoice("xla", "a TPU found"))
+    assert runtime.name == "native" and choice.name == "native"
+    assert choice.reason.startswith("a TPU found, but the xla runtime failed to start")
+    with pytest.raises(RuntimeUnavailable, match="failed to start"):
+        create_runtime(RuntimeChoice("xla", "TPUNB_RUNTIME=xla", explicit=True))
 
 
 def test_create_runtime_builds_native():

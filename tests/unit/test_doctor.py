@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 
-from tpunb.doctor import ERROR, OK, WARN, check_torch_pairs, check_tpu, release
+from tpunb.doctor import ERROR, INFO, OK, WARN, check_runtime_settings, check_torch_pairs, check_tpu
 from tpunb.runtimes.hardware import TpuHardware
+from tpunb.versions import release
 
 DOCUMENTED_KEYS = {"ok", "runtime", "checks", "versions", "tpu"}
 
@@ -71,3 +72,15 @@ def test_console_script_is_installed():
     script = os.path.join(os.path.dirname(sys.executable), "tpunb")
     result = subprocess.run([script, "doctor"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.startswith("tpunb doctor")
+
+
+def test_runtime_settings_say_what_a_tpu_runtime_will_show():
+    both = {"torch_xla": "2.9.0", "torch_tpu": "0.2.0"}
+    names = {c.name: c for c in check_runtime_settings(both, {}, TpuHardware())}
+    assert names["PJRT_DEVICE"].status == INFO and "PJRT_DEVICE=CPU" in names["PJRT_DEVICE"].detail
+    assert "TORCH_TRACE" in names["TorchTPU trace"].detail
+    quiet = check_runtime_settings(
+        {"torch_xla": "2.9.0"}, {"PT_XLA_DEBUG_LEVEL": "1", "PJRT_DEVICE": "CPU"}, TpuHardware()
+    )
+    assert [c.name for c in quiet] == ["XLA graph log"]
+    assert check_runtime_settings({}, {"PT_XLA_DEBUG_LEVEL": "1"}, TpuHardware()) == []

@@ -3,19 +3,34 @@
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 
 from tpunb.events import Record
-from tpunb.runtimes.base import CacheStats, MemoryInfo, ModeUnavailable, Runtime, RuntimeUnavailable
-from tpunb.runtimes.detect import RuntimeChoice, detect_runtime
+from tpunb.runtimes.base import (
+    CPU_FALLBACK,
+    CacheDirError,
+    CacheStats,
+    MemoryInfo,
+    ModeUnavailable,
+    Runtime,
+    RuntimeUnavailable,
+)
+from tpunb.runtimes.detect import RuntimeChoice, detect_runtime, installed
 
-#: Runtime name -> "module:class". The TPU adapters join this table when they land; until
-#: then a detected TPU runtime falls back to native and the load line says so.
-ADAPTERS: dict[str, str] = {"native": "tpunb.runtimes.native:NativeRuntime"}
+#: Runtime name -> "module:class", imported only when chosen (the TPU packages are optional).
+ADAPTERS: dict[str, str] = {
+    "native": "tpunb.runtimes.native:NativeRuntime",
+    "xla": "tpunb.runtimes.xla:XlaRuntime",
+    "torchtpu": "tpunb.runtimes.torchtpu:TorchTpuRuntime",
+}
 
 __all__ = [
     "ADAPTERS",
+    "CPU_FALLBACK",
+    "PACKAGES",
+    "CacheDirError",
     "CacheStats",
     "MemoryInfo",
     "ModeUnavailable",
@@ -28,28 +43,44 @@ __all__ = [
 ]
 
 
+#: Runtime name -> (the package it needs, the tpunb extra that installs it).
+PACKAGES: dict[str, tuple[str, str]] = {
+    "native": ("torch", ""),
+    "xla": ("torch_xla", "xla"),
+    "torchtpu": ("torch_tpu", "tpu"),
+}
+
+
 def resolve_choice(choice: RuntimeChoice) -> RuntimeChoice:
-    """The choice this version of tpunb can honour: a missing adapter is an error only when
-    the user asked for it by name; a detected one falls back to native, with the reason."""
-    if choice.name in ADAPTERS:
-        return choice
-    if choice.explicit:
-        raise RuntimeUnavailable(
-            f"the {choice.name!r} runtime adapter is not available in this tpunb version; "
-            f"available: {', '.join(ADAPTERS)}"
-        )
-    return replace(
-        choice,
-        name="native",
-        reason=f"{choice.reason}, but tpunb's {choice.name} adapter is not available yet: native",
-    )
+    """The choice, checked without importing anything: a runtime asked for by name whose
+    package is missing is an error that says what to install."""
+    package, extra = PACKAGES[choice.name]
+    if not installed(package):
+        command = f"pip install 'tpunb[{extra}]'" if extra else f"pip install {package}"
+        raise RuntimeUnavailable(f"{choice.reason}, but {package} is not installed: {command}")
+    return choice
 
 
 def create_runtime(
     choice: RuntimeChoice | None = None, publish: Callable[[Record], None] | None = None
 ) -> tuple[Runtime, RuntimeChoice]:
-    """Build the runtime for ``choice`` (detected when None); it publishes records to ``publish``."""
+    """Build the runtime for ``choice`` (detected when None); it publishes records to ``publish``.
+
+    A TPU runtime that fails to start (a torch/torch_xla mismatch, say) is an error when it
+    was asked for by name; when it was only detected, the kernel falls back to native with a
+    warning, so a broken TPU install never costs the notebook its kernel."""
     resolved = resolve_choice(choice if choice is not None else detect_runtime())
-    module_name, class_name = ADAPTERS[resolved.name].split(":")
-    runtime_class = getattr(importlib.import_module(module_name), class_name)
-    return runtime_class(publish), resolved
+    try:
+        return _construct(resolved.name, publish), resolved
+    except (ImportError, RuntimeUnavailable) as error:
+        problem = f"{resolved.reason}, but the {resolved.name} runtime failed to start: {error}"
+        if resolved.explicit or resolved.name == "native":
+            raise RuntimeUnavailable(problem) from error
+        warnings.warn(f"tpunb: {problem}; using native", RuntimeWarning, stacklevel=2)
+        fallback = replace(resolved, name="native", reason=f"{problem}: native")
+        return _construct("native", publish), fallback
+
+
+def _construct(name: str, publish: Callable[[Record], None] | None) -> Runtime:
+    module_name, class_name = ADAPTERS[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)(publish)

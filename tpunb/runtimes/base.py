@@ -68,13 +68,46 @@ class Runtime(Protocol):
         ...
 
     def compile_function(self, fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
-        """Compile mode's compiler for this runtime (``torch.compile`` with its backend);
+        """``tpunb.compile``'s compiler for this runtime (``torch.compile`` with its backend);
         ``options`` are ``torch.compile``'s keyword arguments."""
+        ...
+
+    def compile_cell(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """Compile mode's compiler for a cell made into a zero-argument function."""
+        ...
+
+    def compiled_graphs(self) -> int | None:
+        """Graphs this runtime has compiled for compile mode so far, where Dynamo's counters
+        do not see them (``torch_xla.compile`` traces without Dynamo); None: count Dynamo's."""
+        ...
+
+    def counters(self) -> dict[str, float]:
+        """Cumulative runtime counters (graphs executed, compile time, ...); the session
+        reports their per-cell change. Keys starting with ``CPU_FALLBACK`` name ops that ran
+        on the host because the device has no kernel for them."""
+        ...
+
+    def default_changed(self, config: ModeConfig) -> None:
+        """The notebook's default mode is now ``config``: a runtime with a process-wide mode
+        setting follows it, so threads a cell starts run in the default mode too."""
+        ...
+
+    def cache_dir(self, path: str | None = None) -> str | None:
+        """The persistent compile-cache directory; with ``path``, set it first (CacheDirError
+        when the runtime no longer accepts a change)."""
         ...
 
     def group_graph(self, key: str) -> str | None:
         """The graph (FX code, StableHLO, HLO) of the fusion group ``key``, where kept."""
         ...
+
+
+#: Prefix of ``Runtime.counters`` keys that count host fallbacks of one op.
+CPU_FALLBACK = "cpu fallback: "
+
+
+class CacheDirError(ValueError):
+    """The persistent compile cache cannot be set (now, or to that directory)."""
 
 
 class ModeUnavailable(ModeError):

@@ -68,4 +68,6 @@ def detect_runtime(env: Mapping[str, str] | None = None, tpu: TpuHardware | None
         return RuntimeChoice("native", f"CUDA device found ({name})")
     if tpu.present:
         return RuntimeChoice("native", "a TPU is present but neither torch_tpu nor torch_xla is installed")
+    if installed("torch_tpu"):
+        return RuntimeChoice("native", "torch_tpu is installed but no TPU present: CPU")
     return RuntimeChoice("native", "no TPU runtime and no CUDA device found: CPU")

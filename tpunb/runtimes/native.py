@@ -19,9 +19,9 @@ import torch
 from tpunb.debug import DebugChecks
 from tpunb.events import Record
 from tpunb.fuse import FuseOptions, FusionEngine
-from tpunb.fuse.disk_cache import use_cache_dir
+from tpunb.fuse.disk_cache import current_cache_dir, use_cache_dir
 from tpunb.modes import Mode, ModeConfig
-from tpunb.runtimes.base import CacheStats, MemoryInfo
+from tpunb.runtimes.base import CacheDirError, CacheStats, MemoryInfo
 
 
 def _host_rss() -> int | None:
@@ -104,6 +104,28 @@ class NativeRuntime:
 
     def compile_function(self, fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
         return torch.compile(fn, **{"backend": "inductor", **options})
+
+    def compile_cell(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        return self.compile_function(fn)
+
+    def compiled_graphs(self) -> None:
+        return None  # Inductor compiles under Dynamo, whose counters the cell compiler reads
+
+    def counters(self) -> dict[str, float]:
+        return {}  # the fused engine reports through FusionGroup records and cache_stats
+
+    def default_changed(self, config: ModeConfig) -> None:
+        pass  # modes here are per-thread scopes opened by the session
+
+    def cache_dir(self, path: str | None = None) -> str | None:
+        """Inductor's on-disk caches (``tpunb.fuse.disk_cache``): any time, any directory."""
+        if path is not None:
+            try:
+                use_cache_dir(path)
+            except OSError as error:
+                raise CacheDirError(f"cannot use {path!r}: {error.strerror}") from None
+        current = current_cache_dir()
+        return str(current) if current else None
 
     def group_graph(self, key: str) -> str | None:
         return self.engine.cache.code(key)

@@ -1,0 +1,286 @@
+"""The TorchTPU runtime (``torch_tpu``, device ``"tpu"``), the native backend that replaces
+PyTorch/XLA.
+
+TorchTPU has tpunb's modes built in, as ``torch.tpu.EagerMode``: strict is ``DEFER_NEVER``,
+debug is ``DEFER_NEVER_AND_LAUNCH_BLOCKING`` (which also turns on TorchTPU's own bounds
+checks; tpunb adds its NaN/Inf origin checks), fused is ``DEFER_AND_FUSE``. A cell runs
+under ``torch.tpu.set_eager_mode`` (a per-thread stack that restores on error), and the
+default follows ``%tpu_mode`` through the global ``torch.tpu.eager_mode`` so threads a cell
+starts see it too. Compile mode is ``torch.compile(backend="tpu", dynamic=False)``.
+
+Every TorchTPU API used here is experimental or private, so each is reached through
+``_tpu_api`` or guarded, and a missing one degrades to "unknown", never to a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tpunb.debug import DebugChecks
+from tpunb.events import FusionGroup, Record
+from tpunb.modes import Mode, ModeConfig
+from tpunb.runtimes.base import CacheDirError, CacheStats, MemoryInfo
+
+#: tpunb mode -> TorchTPU eager mode; compile cells run strict around their compiled graphs.
+EAGER_MODES = {
+    Mode.DEBUG: "DEFER_NEVER_AND_LAUNCH_BLOCKING",
+    Mode.STRICT: "DEFER_NEVER",
+    Mode.FUSED: "DEFER_AND_FUSE",
+    Mode.COMPILE: "DEFER_NEVER",
+}
+
+#: TorchTPU's shared compile cache (a local path or gs://); read once, at the first TPU use.
+TIER3_CACHE_ENV = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
+
+#: The artifact TorchTPU emits per fused materialization when ``TORCH_TRACE`` was set.
+EAGER_GROUP_ARTIFACT = "torchtpu_eager_aten_graph"
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """TorchTPU warns once per experimental API; tpunb's own calls should not make users
+    read those (their code's calls still warn)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="<TorchTpu/ApiStage/")
+        yield
+
+
+def tpu_chip_count() -> int:
+    """TorchTPU's own PCI scan: chips this host has, without initialising the runtime."""
+    try:
+        from torch_tpu._internal.utils import hardware
+
+        return int(hardware.get_tpu_device_count())
+    except (ImportError, AttributeError, OSError):
+        return 0
+
+
+class TorchTpuRuntime:
+    """TorchTPU on the host's chips; with no chip, its mode API and counters still work (and
+    tensors stay on the CPU, untouched by the TPU modes)."""
+
+    name = "torchtpu"
+    modes = frozenset(Mode)
+
+    def __init__(self, publish: Callable[[Record], None] | None = None) -> None:
+        import torch
+        import torch_tpu  # noqa: F401  (autoloaded by torch on most installs; explicit here)
+
+        self._torch = torch
+        self._tpu = torch.tpu
+        self._publish = publish or (lambda record: None)
+        self.present = tpu_chip_count() > 0
+        self.device = "tpu:0" if self.present else "cpu (no TPU present)"
+        self._group_handler = _attach_group_handler(self._publish)
+
+    # --- modes ----------------------------------------------------------------------------
+
+    def _eager_mode(self, mode: Mode) -> Any:
+        return getattr(self._tpu.EagerMode, EAGER_MODES[mode])
+
+    @property
+    def eager_mode(self) -> str:
+        """TorchTPU's effective eager mode now, by name (what tests and the doctor read)."""
+        with _quiet():
+            return self._tpu.eager_mode.name
+
+    @contextlib.contextmanager
+    def mode_scope(self, config: ModeConfig) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            with _quiet():
+                stack.enter_context(self._tpu.set_eager_mode(self._eager_mode(config.mode)))
+            if config.mode is Mode.DEBUG:  # launch-blocking already waits after each op
+                stack.enter_context(
+                    DebugChecks(allow_nan=config.allow_nan, allow_inf=config.allow_inf, synchronize=None)
+                )
+            try:
+                yield
+            finally:
+                if config.mode is Mode.FUSED:
+                    self.synchronize()  # deferred errors surface in this cell, not the next
+
+    def default_changed(self, config: ModeConfig) -> None:
+        with _quiet():
+            self._tpu.eager_mode = self._eager_mode(config.mode)
+
+    def synchronize(self) -> None:
+        """Materialize everything deferred and wait (only a TPU has anything to wait for)."""
+        if self.present:
+            self._torch.accelerator.synchronize()
+        if self._group_handler is not None:
+            _drain_trace_buffer()
+
+    # --- memory -----------------------------------------------------------------------------
+
+    def memory(self) -> MemoryInfo | None:
+        if not self.present:
+            return None
+        accelerator = self._torch.accelerator
+        try:
+            with _quiet():
+                limit = self._tpu.get_device_properties().total_memory
+        except (RuntimeError, AttributeError):  # a generation TorchTPU's table does not know
+            limit = None
+        return MemoryInfo(
+            used=accelerator.memory_allocated(),
+            peak=accelerator.max_memory_allocated(),
+            limit=limit,
+            label="HBM",
+        )
+
+    def reset_peak_memory(self) -> bool:
+        if not self.present:
+            return False
+        self._torch.accelerator.reset_peak_memory_stats()
+        return True
+
+    # --- the compile cache ------------------------------------------------------------------
+
+    def _perf_stats(self) -> Any:
+        try:
+            return self._tpu._get_cache_stats()
+        except (AttributeError, RuntimeError):
+            return None
+
+    def cache_stats(self) -> CacheStats:
+        stats = self._perf_stats()
+        if stats is None:
+            return CacheStats()
+        requests, hits = stats.num_cache_reqs, stats.num_cache_hits
+        return CacheStats(
+            requests=requests, hits=hits, misses=requests - hits, compiles=stats.num_compilations
+        )
+
+    def _compile_seconds(self, stats: Any) -> float:
+        return sum(entry.compilation_duration.total_seconds() for entry in stats.per_entry_stats)
+
+    def cache_details(self) -> dict[str, object]:
+        stats = self._perf_stats()
+        if stats is None:
+            return {}
+        return {
+            "compile_ms": round(self._compile_seconds(stats) * 1000, 1),
+            "graphs": len(stats.per_entry_stats),
+            "failures": None,
+            "compile_host_peak_bytes": stats.peak_compilation_host_memory_bytes,
+        }
+
+    def counters(self) -> dict[str, float]:
+        stats = self._perf_stats()
+        if stats is None:
+            return {}
+        return {
+            "compile cache requests": stats.num_cache_reqs,
+            "compile cache hits": stats.num_cache_hits,
+            "graphs compiled": stats.num_compilations,
+            "compile s": self._compile_seconds(stats),
+        }
+
+    def cache_dir(self, path: str | None = None) -> str | None:
+        """TorchTPU's tier-3 cache, which it reads once, when the TPU is first used."""
+        current = os.environ.get(TIER3_CACHE_ENV)
+        if path is None or path == current:
+            return current
+        with _quiet():
+            initialised = bool(self._tpu.is_initialized()) if hasattr(self._tpu, "is_initialized") else False
+        if initialised:
+            raise CacheDirError(
+                "TorchTPU reads its cache setting when the TPU is first used; restart the kernel "
+                "and run %tpu_cache DIR right after %load_ext tpunb"
+            )
+        chosen = path if path.startswith("gs://") else os.path.abspath(path)
+        if not chosen.startswith("gs://"):
+            os.makedirs(chosen, exist_ok=True)
+        os.environ[TIER3_CACHE_ENV] = chosen
+        return chosen
+
+    # --- compiling --------------------------------------------------------------------------
+
+    def compile_function(self, fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+        return self._torch.compile(fn, **{"backend": "tpu", "dynamic": False, **options})
+
+    def compile_cell(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        return self.compile_function(fn)
+
+    def compiled_graphs(self) -> None:
+        return None  # the "tpu" backend compiles under Dynamo, whose counters tpunb reads
+
+    def group_graph(self, key: str) -> str | None:
+        return self._group_handler.graphs.get(key) if self._group_handler is not None else None
+
+
+class EagerGroupHandler(logging.Handler):
+    """Turns TorchTPU's per-materialization trace artifacts into fusion-group records.
+
+    TorchTPU emits them through ``torch._logging.trace_structured`` when ``TORCH_TRACE`` was
+    set before ``import torch``; a handler on the ``torch.__trace`` logger sees each as a
+    record whose ``metadata["artifact"]`` holds the group's kernels, cache hit and reason.
+    """
+
+    def __init__(self, publish: Callable[[Record], None]) -> None:
+        super().__init__(level=logging.DEBUG)
+        self._publish = publish
+        self.graphs: dict[str, str] = {}  # group key -> its aten graph (sent on a miss)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        artifact = (getattr(record, "metadata", None) or {}).get("artifact")
+        if not isinstance(artifact, dict) or artifact.get("name") != EAGER_GROUP_ARTIFACT:
+            return
+        group = eager_group(artifact)
+        payload = getattr(record, "payload", None)
+        if payload:
+            self.graphs[group.key] = payload
+        self._publish(group)
+
+
+def eager_group(artifact: dict[str, Any]) -> FusionGroup:
+    """One TorchTPU materialization batch (``torchtpu_eager/kMm+kAdd``) as a fusion group."""
+    kernels = str(artifact.get("op_name", "")).split("/", 1)[-1]
+    top_ops: dict[str, int] = {}
+    for kernel in filter(None, kernels.split("+")):
+        top_ops[kernel] = top_ops.get(kernel, 0) + 1
+    status = "failed" if artifact.get("compile_failed") else "hit" if artifact.get("cache_hit") else "miss"
+    return FusionGroup(
+        key=kernels[:48] or "?",
+        ops=sum(top_ops.values()),
+        top_ops=top_ops,
+        input_shapes=[],
+        trigger=str(artifact.get("reason", "")),
+        source="",
+        status=status,
+        compile_ms=None,
+        run_ms=0.0,
+        lifted=0,
+    )
+
+
+def _attach_group_handler(publish: Callable[[Record], None]) -> EagerGroupHandler | None:
+    """Listen for fusion groups when TorchTPU records them (``TORCH_TRACE`` set before
+    import); otherwise attach nothing, since any handler makes torch build trace payloads."""
+    try:
+        from torch_tpu._internal.tracing import _tpu_torch_tracing
+
+        enabled = bool(_tpu_torch_tracing._structured_log_enabled())
+    except (ImportError, AttributeError):
+        enabled = False
+    if not enabled:
+        return None
+    handler = EagerGroupHandler(publish)
+    logging.getLogger("torch.__trace").addHandler(handler)
+    return handler
+
+
+def _drain_trace_buffer() -> None:
+    """Ask TorchTPU to emit the cell's buffered trace events now, not on its 5 s timer."""
+    try:
+        from torch_tpu._internal import tracing
+
+        flush = tracing._flush
+    except (ImportError, AttributeError):
+        return
+    flush()
