@@ -105,9 +105,11 @@ class FusionEngine:
 
         The tensors keep their identity (``torch.utils.swap_tensors``), so references held
         by a module, an optimizer or the user stay valid; updates to them then fuse instead
-        of forcing a flush. Returns how many tensors were adopted.
+        of forcing a flush. Returns how many tensors were adopted. Safe inside a fused block:
+        adoption itself is bookkeeping, so the recording mode is suspended while it runs.
         """
-        return sum(adopt_tensor(tensor, self) for tensor in tensors_of(objects))
+        with _disable_current_modes():
+            return sum(adopt_tensor(tensor, self) for tensor in tensors_of(objects))
 
     # --- per op -----------------------------------------------------------------------------
 
