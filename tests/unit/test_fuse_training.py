@@ -6,6 +6,7 @@ These compile with Inductor (seconds per graph), so they are few and small.
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -150,3 +151,60 @@ def test_a_miss_says_what_changed_since_the_same_ops_last_ran():
         with engine.scope(REPLAY):
             (x * 2).relu().sum().item()
     assert bus.recent("group")[-1].miss_reason == "input 0 shape changed [64, 3] → [17, 3]"
+
+
+def test_batches_drawn_from_one_dataset_share_a_compiled_group():
+    """A DataLoader indexes its dataset sample by sample and stacks the samples: the indices
+    change every batch, and so do the samples' offsets in the dataset's storage. Neither may
+    change the group's key, or every batch would be a new compile."""
+    generator = torch.Generator().manual_seed(3)
+    features = torch.randn(256, 16, generator=generator)
+    targets = torch.randint(0, 4, (256,), generator=generator)
+    dataset = torch.utils.data.TensorDataset(features, targets)
+
+    def six_batches():
+        order = torch.Generator().manual_seed(4)
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=8, shuffle=True, drop_last=True, generator=order
+        )
+        return itertools.islice(loader, 6)
+
+    strict_model = make_model()
+    model = copy.deepcopy(strict_model)
+    strict_opt = torch.optim.SGD(strict_model.parameters(), lr=0.05)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    expected = [step_on(strict_model, strict_opt, x, y) for x, y in six_batches()]
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+    with engine.scope(COMPILED, adopt=(model, opt)):
+        got = [step_on(model, opt, x, y) for x, y in six_batches()]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert [g.status for g in bus.recent("group")][2:] == ["hit"] * 4
+    assert engine.stats()["graphs"] <= 2
+    assert engine.counts["bookkeeping"] > 0  # the dataset's per-sample views ran as plain views
+
+
+def step_on(model, opt, x, y) -> float:
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def test_adopting_inside_a_fused_block_after_strict_steps():
+    """The pattern of a notebook that trains a few steps in strict mode, then switches to
+    fused and adopts the same model and optimizer (whose state now exists)."""
+    data, labels = batch()
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    strict_model = copy.deepcopy(model)
+    strict_opt = torch.optim.AdamW(strict_model.parameters(), lr=1e-2)
+    expected = train(strict_model, strict_opt, data, labels, steps=4)
+    engine = FusionEngine(torch.device("cpu"), EventBus().publish)
+    engine.adopt(model, opt)  # as tpunb.adopt() in a script, before any fused block
+    got = train(model, opt, data, labels, steps=2)
+    with engine.scope(REPLAY):
+        engine.adopt(model, opt)
+        got += train(model, opt, data, labels, steps=2)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

@@ -105,11 +105,9 @@ class FusionEngine:
 
         The tensors keep their identity (``torch.utils.swap_tensors``), so references held
         by a module, an optimizer or the user stay valid; updates to them then fuse instead
-        of forcing a flush. Returns how many tensors were adopted. Safe inside a fused block:
-        adoption itself is bookkeeping, so the recording mode is suspended while it runs.
+        of forcing a flush. Returns how many tensors were adopted.
         """
-        with _disable_current_modes():
-            return sum(adopt_tensor(tensor, self) for tensor in tensors_of(objects))
+        return sum(adopt_tensor(tensor, self) for tensor in tensors_of(objects))
 
     # --- per op -----------------------------------------------------------------------------
 
@@ -122,6 +120,12 @@ class FusionEngine:
             return func(*args, **kwargs)  # profiler markers and the like
         if scan.unsupported or op.name in STORAGE_CHANGING:
             return self._eager(func, op, args, kwargs, scan)
+        if op.view_only and not scan.wrapped:
+            # A view of the user's own tensors (a DataLoader indexing its dataset, say) is
+            # metadata only, and plain tensors are never written inside a group, so it needs
+            # no flush; recording it would bake its indices into the key of every batch.
+            self.counts["bookkeeping"] += 1
+            return func(*args, **kwargs)
         try:
             outputs = self.meta.outputs(
                 signature if scan.hashable else None, func, args, kwargs, scan.metas, op.has_device_arg
@@ -304,7 +308,7 @@ class FusionEngine:
                 written.append(wrapper)
         self._check_versions(trace)
         skeleton = GroupKey(
-            (tuple([op.key for op in trace.ops]), tuple(trace.input_metas), tuple(outputs), trace.device)
+            (tuple([op.key for op in trace.ops]), trace.key_metas(), tuple(outputs), trace.device)
         )
         lift_dtypes = [s.dtype if s.liftable else None for s in trace.float_slots]
         variant, key, lifted = self.cache.variant(skeleton, trace.floats, lift_dtypes)

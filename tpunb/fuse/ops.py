@@ -19,6 +19,7 @@ class OpFacts:
     mutated: tuple[int | str, ...]  # positions (or kwarg names) of arguments the op writes
     return_aliases: tuple[int | str | None, ...]  # per return: the written argument it *is*, or None
     view_returns: tuple[bool, ...]  # per return: a view of an input (non-writing alias)
+    view_only: bool  # every return is a view and nothing is written: metadata only
     returns_tensor: bool  # any Tensor / Tensor[] return
     pointwise: bool
     random: bool
@@ -75,6 +76,7 @@ def _compute(func: torch._ops.OpOverload, op_id: int) -> OpFacts:
         mutated=tuple(mutated),
         return_aliases=tuple(return_aliases),
         view_returns=tuple(view_returns),
+        view_only=bool(view_returns) and all(view_returns) and not mutated,
         returns_tensor=any(_is_tensor_type(r.type) for r in schema.returns),
         pointwise=torch.Tag.pointwise in tags,
         random=torch.Tag.nondeterministic_seeded in tags,

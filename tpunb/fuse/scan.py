@@ -18,13 +18,14 @@ from tpunb.fuse.trace import FloatSlot, Trace, tensor_meta
 class ArgumentScan:
     """One pass over an op's arguments: the meta-cache signature and the facts policy needs."""
 
-    __slots__ = ("all_scalar", "devices", "hashable", "metas", "pending", "tensors", "unsupported")
+    __slots__ = ("all_scalar", "devices", "hashable", "metas", "pending", "tensors", "unsupported", "wrapped")
 
     def __init__(self) -> None:
         self.tensors: list[torch.Tensor] = []
         self.metas: dict[int, tuple] = {}
         self.devices: set[torch.device] = set()  # of tensors with at least one dimension
         self.pending = False
+        self.wrapped = False  # any argument is one of the engine's tensors (pending or not)
         self.all_scalar = True
         self.unsupported = False  # a generator argument, or a sparse/nested tensor: run eagerly
         self.hashable = True
@@ -32,6 +33,7 @@ class ArgumentScan:
     def signature(self, value: Any, pointwise: bool) -> Any:
         if isinstance(value, torch.Tensor):
             if isinstance(value, DeferredTensor):
+                self.wrapped = True
                 meta = value._meta
                 if value._pending is not None or value._error is not None:
                     self.pending = True

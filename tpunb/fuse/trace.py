@@ -89,6 +89,20 @@ class Trace:
         if root[0] == "i":
             self.dirty_storages.add(self.inputs[root[1]].untyped_storage().data_ptr())
 
+    def key_metas(self) -> tuple:
+        """Input metadata for the group's key. Where a read-only input starts in its storage
+        does not change the compiled program (Inductor copies an input that arrives less
+        aligned than the one it compiled for), so it is left out: samples and batches cut
+        from one dataset tensor then share a key. Inputs whose storage the group writes
+        keep their exact offset, since overlapping writes change results."""
+        metas = []
+        for tensor, meta in zip(self.inputs, self.input_metas, strict=True):
+            if tensor.untyped_storage().data_ptr() not in self.dirty_storages:
+                shape, stride, _, dtype, alias_class = meta
+                meta = (shape, stride, "read-only", dtype, alias_class)
+            metas.append(meta)
+        return tuple(metas)
+
     def reads_storage(self, storage: int) -> bool:
         return storage in self.input_storages
 
