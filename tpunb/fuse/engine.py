@@ -8,7 +8,10 @@ Per op (``dispatch``), one of three things happens:
   (``item``, ``nonzero``, masks), have no meta kernel, write into a tensor the engine does
   not own, or change device. A slower answer, never a wrong one.
 * **run it as bookkeeping**: ops on 0-dim tensors only (an optimizer's step counter) with
-  nothing pending run eagerly without a flush, so ``step.item()`` does not cut the group.
+  nothing pending run eagerly without a flush, so ``step.item()`` does not cut the group;
+  but reading a value an earlier group computed (``loss.item()``) ends the group, keeping
+  groups aligned with the user's steps. Views of the user's plain tensors (a DataLoader
+  indexing its dataset) also run as they are: they are metadata only.
 
 ``flush`` turns the trace into a group: key it, replay it on a first sighting (while the
 worker compiles it) or run the compiled graph, hand the results to the waiting wrappers,
@@ -163,7 +166,9 @@ class FusionEngine:
     ) -> Any:
         __tracebackhide__ = True
         self.counts["bookkeeping" if bookkeeping else "eager"] += 1
-        if self.trace.ops and (not bookkeeping or scan.hazard(self.trace, op, args, kwargs)):
+        if self.trace.ops and (
+            not bookkeeping or scan.hazard(self.trace, op, args, kwargs) or reads_group_result(op, scan)
+        ):
             self.flush(op.name)
         values_args = real_values(args)
         values_kwargs = {k: real_values(v) for k, v in kwargs.items()}
@@ -347,6 +352,7 @@ class FusionEngine:
             raise
         for wrapper, value in zip(waiting, values, strict=True):
             wrapper._value, wrapper._pending = as_recorded(wrapper, value), None
+            wrapper._from_group = True
         for wrapper in written:
             wrapper._pending = None
         self.groups += 1
@@ -440,3 +446,13 @@ class FusionEngine:
             "pending_ops": len(self.trace.ops),
             "ops": dict(self.counts),
         }
+
+
+def reads_group_result(op: OpFacts, scan: ArgumentScan) -> bool:
+    """A value read (``loss.item()``) of a result an earlier group computed. It needs no flush
+    (the value is there), but it is where the user's step ends: flushing the ops recorded
+    since keeps each group aligned with a step, so the next step's groups repeat the same
+    keys. (An optimizer's ``step.item()`` reads a counter no group made: no flush.)"""
+    return op.name == "aten._local_scalar_dense" and any(
+        getattr(tensor, "_from_group", False) for tensor in scan.tensors
+    )
