@@ -270,7 +270,8 @@ class XlaRuntime:
         compile_ms = [ns / 1e6 for ns in self._new_samples("CompileTime")]
         run_ms = [ns / 1e6 for ns in self._new_samples("ExecuteTime")]
         sizes = sizes[-len(runs) :] if runs else []
-        compiles = iter(compile_ms[-sum(run.compiled for run in runs) :] if runs else [])
+        compiled = sum(run.compiled for run in runs)  # the newest compile samples are theirs
+        compiles = iter(compile_ms[len(compile_ms) - compiled :])
         for index, run in enumerate(runs):
             self._publish(
                 _fusion_group(
