@@ -71,6 +71,35 @@ def test_fused_training_equals_strict(name, make_opt, options, dropout):
     assert engine.groups == 8  # one group per step: forward + backward + update
 
 
+def test_compiled_dropouts_draw_the_eager_numbers_after_layer_norm_and_batch_norm():
+    """Dropout's mask is a fresh buffer filled in place; Inductor, left alone, multiplied by
+    the buffer before filling it (NaN after a LayerNorm). Several dropouts also check that
+    compiled fills draw in eager's order."""
+    torch.manual_seed(0)
+    text = torch.nn.Sequential(
+        torch.nn.LayerNorm(64, eps=1e-12),
+        torch.nn.Dropout(0.1),
+        torch.nn.Linear(64, 64),
+        torch.nn.Dropout(0.3),
+    )
+    image = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Dropout2d(0.2), torch.nn.Dropout(0.1)
+    )
+    inputs = {text: torch.randn(4, 16, 64), image: torch.randn(2, 3, 10, 10)}
+    engine = FusionEngine(torch.device("cpu"))
+    for model, x in inputs.items():
+        model.train()
+        for seed in (1, 2):  # a miss (compiled synchronously, then run) and a hit
+            torch.manual_seed(seed)
+            expected = model(x)
+            torch.manual_seed(seed)
+            with engine.scope(COMPILED, adopt=(model,)):
+                got = model(x)
+            torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-5)
+            assert torch.equal(got == 0, expected == 0)  # the same elements dropped
+    assert engine.stats()["hits"] == 2 and engine.stats()["failures"] == 0
+
+
 def test_fifty_adamw_steps_with_a_schedule_compile_at_most_three_graphs():
     data, labels = batch()
     model = make_model()

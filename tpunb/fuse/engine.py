@@ -45,13 +45,14 @@ from tpunb.fuse.errors import (
     warn_storm,
 )
 from tpunb.fuse.graph import ReplayError, build_graph, replay
+from tpunb.fuse.interrupts import InterruptGuard
 from tpunb.fuse.meta import MetaCache, NotDeferrable
 from tpunb.fuse.ops import OpFacts, facts, facts_by_id
 from tpunb.fuse.rng import default_generator, rng_as_recorded
 from tpunb.fuse.scan import ArgumentEncoder, ArgumentScan, all_scalar, is_argument, real_values, tensor_leaves
 from tpunb.fuse.trace import OpRecord, Trace, tensor_meta
 from tpunb.fuse.views import INPLACE_VIEWS, STORAGE_CHANGING, as_recorded, restride
-from tpunb.source import locate, user_frame
+from tpunb.source import SourceLocation, locate, user_frame
 
 #: Default bound on ops per group: compile time grows with graph size (research/fusion.md).
 MAX_OPS = 1000
@@ -86,6 +87,7 @@ class FusionEngine:
         self.options = FuseOptions()
         self.groups = 0
         self.counts = {"recorded": 0, "eager": 0, "bookkeeping": 0}  # ops, by how they ran
+        self.interrupts = InterruptGuard()
 
     # --- scopes -----------------------------------------------------------------------------
 
@@ -93,15 +95,16 @@ class FusionEngine:
     def scope(self, options: FuseOptions, adopt: tuple[Any, ...] = ()) -> Iterator[None]:
         """Record ops issued inside; flush at the end (also when the block raises)."""
         previous, self.options = self.options, options
-        self.adopt(*adopt)
-        try:
-            with FuseMode(self):
-                yield
-        finally:
+        with self.interrupts.installed():
             try:
-                self.flush("end of fused block")
+                self.adopt(*adopt)
+                with FuseMode(self):
+                    yield
             finally:
-                self.options = previous
+                try:
+                    self.flush("end of fused block")
+                finally:
+                    self.options = previous
 
     def adopt(self, *objects: Any) -> int:
         """Make modules' parameters and buffers and optimizers' state deferred-capable, in place.
@@ -110,11 +113,17 @@ class FusionEngine:
         by a module, an optimizer or the user stay valid; updates to them then fuse instead
         of forcing a flush. Returns how many tensors were adopted.
         """
-        return sum(adopt_tensor(tensor, self) for tensor in tensors_of(objects))
+        with self.interrupts:
+            return sum(adopt_tensor(tensor, self) for tensor in tensors_of(objects))
 
     # --- per op -----------------------------------------------------------------------------
 
     def dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
+        __tracebackhide__ = True
+        with self.interrupts:  # an interrupt waits until the op is recorded or run
+            return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
         op = facts(func)
         scan = ArgumentScan()
@@ -292,15 +301,18 @@ class FusionEngine:
         __tracebackhide__ = True
         if not self.trace.ops:
             return
-        with _disable_current_modes(), torch.no_grad():  # the group's own ops are not recorded
-            self._flush(reason)
+        # the group's own ops are not recorded; an interrupt waits until its results are handed out
+        with self.interrupts, _disable_current_modes(), torch.no_grad():
+            trace, self.trace = self.trace, Trace()
+            try:
+                self._flush(trace, reason, locate(sys._getframe(1)))
+            except BaseException as error:  # failed: its results are lost, inputs stay real
+                abandon(trace, error)
+                raise
 
-    def _flush(self, reason: str) -> None:
+    def _flush(self, trace: Trace, reason: str, where: SourceLocation | None) -> None:
         __tracebackhide__ = True
-        trace = self.trace
-        self.trace = Trace()
         started = time.perf_counter()
-        where = locate(sys._getframe(2))
         outputs, waiting, written = [], [], []
         for ref in trace.touched:
             wrapper = ref()
@@ -321,7 +333,6 @@ class FusionEngine:
         why = None
         if variant is None:  # a miss: only misses pay for the family bookkeeping below
             variant = Variant(lifted=lifted)
-            self.cache.add(skeleton, key, variant)
             family = hash(tuple([op.key[0] for op in trace.ops]))  # the op sequence, shapes aside
             previous = self.cache.previous_of_family(family, skeleton)
             if previous is not None:
@@ -336,20 +347,14 @@ class FusionEngine:
                 if self.cache.count_family(family) == STORM_VARIANTS:
                     warn_storm(trace, STORM_VARIANTS)
                 self._schedule(trace, outputs, variant, name=short_hash(skeleton, key))
+            self.cache.add(skeleton, key, variant)  # once its compile is under way (or ruled out)
         elif variant.state == "compiling":
             status = "compiling"
         elif variant.state == "failed":
             status = "eager"
         self.cache.count(status)
-        try:
-            with rng_as_recorded(trace):
-                values = self._run(trace, outputs, variant)
-        except BaseException as error:  # failed or interrupted: results are lost, inputs stay real
-            for wrapper in waiting:
-                wrapper._pending, wrapper._error = None, error
-            for wrapper in written:
-                wrapper._pending = None
-            raise
+        with rng_as_recorded(trace):
+            values = self._run(trace, outputs, variant)
         for wrapper, value in zip(waiting, values, strict=True):
             wrapper._value, wrapper._pending = as_recorded(wrapper, value), None
             wrapper._from_group = True
@@ -446,6 +451,18 @@ class FusionEngine:
             "pending_ops": len(self.trace.ops),
             "ops": dict(self.counts),
         }
+
+
+def abandon(trace: Trace, error: BaseException) -> None:
+    """A group that failed decides no values: its pending results carry the error (reading
+    one raises it), and inputs it would have written keep what they hold."""
+    for ref in trace.touched:
+        wrapper = ref()
+        if wrapper is None or wrapper._pending is None:
+            continue
+        if wrapper._pending[0] == "n":
+            wrapper._error = error
+        wrapper._pending = None
 
 
 def reads_group_result(op: OpFacts, scan: ArgumentScan) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from tpunb.fuse.random_fill import FILLS, is_fresh_fill, random_fill
 from tpunb.fuse.trace import OpRecord, Ref
 
 aten = torch.ops.aten
@@ -217,10 +218,24 @@ def build_graph(
         return items[ref[1:]]
 
     lookup = _lookup(inputs, floats, env, item)
+    last_fill: fx.Node | None = None
 
     for index, op in enumerate(ops):
         args = [resolve(a, lookup) for a in op.args]
         kwargs = {k: resolve(v, lookup) for k, v in op.kwargs.items()}
+        buffer = op.args[0] if op.args else None
+        if (
+            is_ref(buffer)
+            and buffer[0] == "n"
+            and len(buffer) == 2
+            and set(op.kwargs) <= {"generator"}
+            and is_fresh_fill(op.func, op.kwargs, ops[buffer[1]].func)
+        ):
+            params = [float(a) for a in args[1:]]
+            last_fill = _call(graph, random_fill._opoverload, args[0], FILLS[op.func], params, last_fill)
+            env[buffer[1]] = last_fill  # the buffer, from here on, is the filled one
+            env.append(last_fill)
+            continue
         node = None
         for where in (*range(len(op.args)), *op.kwargs):
             slot = slot_places.get((index, where))

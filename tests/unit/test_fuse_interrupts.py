@@ -1,0 +1,102 @@
+"""An interrupt (SIGINT, what a kernel's "interrupt" sends) anywhere in a fused training step
+leaves the engine consistent: the next step runs and equals plain PyTorch from the same state.
+
+The interrupt is a real signal, raised at the N-th line the engine executes, for N spread
+over a whole step (recording, flushing, handing results back).
+"""
+
+from __future__ import annotations
+
+import copy
+import signal
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tpunb.fuse import FuseOptions, FusionEngine
+
+REPLAY = FuseOptions(compile=False)  # the bookkeeping is the same; replay keeps each trial fast
+ENGINE_FILES = "/tpunb/fuse/"
+
+
+def make_training():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data, labels = torch.randn(16, 8), torch.randint(0, 4, (16,))
+
+    def step(m, o) -> float:
+        loss = F.cross_entropy(m(data), labels)
+        o.zero_grad()
+        loss.backward()
+        o.step()
+        return loss.item()
+
+    return model, opt, step
+
+
+def engine_lines(action, signal_at: int | None = None) -> int:
+    """Run ``action`` counting the lines the engine executes; at line ``signal_at`` raise SIGINT."""
+    count = 0
+
+    def local(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+            if count == signal_at:
+                signal.raise_signal(signal.SIGINT)
+        return local
+
+    def tracer(frame, event, arg):
+        return local if ENGINE_FILES in frame.f_code.co_filename.replace("\\", "/") else None
+
+    sys.settrace(tracer)
+    try:
+        action()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_an_interrupt_anywhere_in_a_step_leaves_the_engine_consistent():
+    model, opt, step = make_training()
+    engine = FusionEngine(torch.device("cpu"))
+
+    def fused_step():
+        with engine.scope(REPLAY, adopt=(model, opt)):
+            step(model, opt)
+
+    fused_step()  # the first step fills the engine's caches; later ones run fewer lines
+    total = engine_lines(fused_step)
+    assert total > 1000
+    interrupted = 0
+    for signal_at in range(1, total, total // 150):
+        try:
+            engine_lines(fused_step, signal_at)
+        except KeyboardInterrupt:
+            interrupted += 1
+        twin = copy.deepcopy(model)
+        twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+        twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+        expected = step(twin, twin_opt)
+        with engine.scope(REPLAY, adopt=(model, opt)):
+            got = step(model, opt)
+        assert got == pytest.approx(expected, rel=1e-5), f"SIGINT at engine line {signal_at}"
+        for ours, theirs in zip(model.parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(ours, theirs, msg=f"SIGINT at engine line {signal_at}")
+    assert interrupted == len(range(1, total, total // 150))  # none was swallowed
+
+
+def test_an_interrupt_in_user_code_inside_a_fused_scope_is_immediate():
+    engine = FusionEngine(torch.device("cpu"))
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), engine.scope(REPLAY):
+        x = torch.ones(4) * 2
+        signal.raise_signal(signal.SIGINT)
+        time.sleep(0.5)  # a KeyboardInterrupt ends this at once, before the next line
+        x = x + 1
+    assert signal.getsignal(signal.SIGINT) is before
+    assert x.tolist() == [2.0] * 4  # what was recorded before the interrupt still ran

@@ -1,0 +1,74 @@
+"""Interrupts (Ctrl-C, a kernel's "interrupt") land between ops, never inside the engine.
+
+Recording an op or handing a group's results back takes several Python steps: an input
+registered, a wrapper pointed at an op of the current trace, results assigned one by one.
+A KeyboardInterrupt raised halfway through would leave wrappers pointing into a trace that
+no longer exists, and the next group would wire them to unrelated ops. So, inside a fused
+scope, SIGINT received while the engine is busy is held until the engine's outermost call
+returns, and then delivered exactly as it would have been; received anywhere else (the
+user's own Python code), it is delivered at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+Handler = Callable[[int, FrameType | None], Any]
+
+
+class InterruptGuard:
+    """Holds SIGINT while the engine is busy (``with guard:``); ``installed()`` arms it."""
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._held: tuple[int, FrameType | None] | None = None
+        self._previous: list[Handler] = []
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Route SIGINT through the guard for the duration (main thread only: elsewhere
+        Python cannot set signal handlers, and signals are delivered to the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self._previous.append(_as_callable(signal.getsignal(signal.SIGINT)))
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            yield
+        finally:
+            previous = self._previous.pop()
+            signal.signal(signal.SIGINT, previous)
+
+    def __enter__(self) -> None:
+        self._depth += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._held is not None:
+            signum, frame = self._held
+            self._held = None
+            self._deliver(signum, frame)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._depth > 0:
+            self._held = (signum, frame)
+        else:
+            self._deliver(signum, frame)
+
+    def _deliver(self, signum: int, frame: FrameType | None) -> None:
+        handler = self._previous[-1] if self._previous else signal.default_int_handler
+        handler(signum, frame)
+
+
+def _as_callable(handler: Any) -> Handler:
+    """The handler to delegate to: SIG_IGN ignores, SIG_DFL and None act as Python's default."""
+    if handler == signal.SIG_IGN:
+        return lambda signum, frame: None
+    if callable(handler):
+        return handler
+    return signal.default_int_handler
