@@ -26,7 +26,12 @@ class CellHooks:
     def post_run_cell(self, result: Any) -> None:
         error = result.error_in_exec or result.error_before_exec
         record = self.session.end_cell(error)
-        if record is not None and record.mode != "strict" and self.session.summary_enabled:
+        if (
+            record is not None
+            and record.mode != "strict"
+            and self.session.summary_enabled
+            and not (only_line_magics(result.info.raw_cell) and not record.error)
+        ):
             print(cell_summary(record))
 
     def register(self) -> None:
@@ -39,6 +44,14 @@ class CellHooks:
         self.shell.events.unregister("post_run_cell", self.post_run_cell)
         if self.compile_prefix in self.shell.input_transformers_cleanup:
             self.shell.input_transformers_cleanup.remove(self.compile_prefix)
+
+
+def only_line_magics(source: str | None) -> bool:
+    """A cell like ``%tpu_mode strict``: the magic reports what it did, and a summary line
+    of a cell that ran no tensor work ("0 groups") would only be noise."""
+    lines = [line.strip() for line in (source or "").splitlines()]
+    code = [line for line in lines if line and not line.startswith("#")]
+    return bool(code) and all(line.startswith("%") and not line.startswith("%%") for line in code)
 
 
 _HOOKS_ATTR = "_tpunb_cell_hooks"

@@ -52,10 +52,14 @@ def test_fused_training_cell_runs_as_cached_groups(kernel):
 
 def test_fused_as_the_default_mode(kernel):
     assert kernel.run(SETUP).error is None
-    assert kernel.run("%tpu_mode fused").error is None
+    switched = kernel.run("%tpu_mode fused")
+    assert switched.error is None and switched.stdout == "tpunb: mode fused (was strict)\n", switched.stdout
     first = kernel.run("y = (data * 2 + 1).relu()\nprint(tpunb.current_mode(), float(y.sum()) > 0)")
     assert first.error is None and first.stdout.startswith("fused True"), first.stdout
     assert kernel.value("tpunb.stats()['groups'][-1]['top_ops']") == {"mul": 1, "add": 1, "relu": 1, "sum": 1}
+    assert re.search(r"^\[tpunb\] fused · [\d.]+ s · 1 group · cache 0 hit / 1 miss$", first.stdout, re.M)
+    back = kernel.run("%tpu_mode strict")  # only the magic's own line, no "fused · 0 groups" summary
+    assert back.stdout == "tpunb: mode strict (was fused)\n", back.stdout
 
 
 def test_interrupting_a_fused_loop_keeps_the_kernel_usable(kernel):

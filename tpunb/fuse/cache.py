@@ -7,9 +7,12 @@ skeleton, *variants* differ only in the float values baked in. A float is specia
 that slot is lifted into an input, so a schedule or a bias correction costs one extra
 compile, not one per step.
 
-Compiles never block a cell unless asked (``sync_compile``): the first sighting runs by
-replay while a single worker thread compiles; a failed compile is remembered and that
-variant replays from then on.
+A group compiles on its *second* sighting: the first runs by replay, and a group seen once
+(a setup cell, an evaluation) never costs a compile; by the second, a float that varies per
+step (Adam's bias corrections) has shown it varies, so it is lifted before the only compile
+rather than after a wasted one. Compiles never block a cell unless asked (``sync_compile``:
+compile on the first sighting, and wait): a single worker thread compiles while the group
+keeps replaying. A failed compile is remembered and that variant replays from then on.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class Variant:
     """One compiled (or compiling, or failed) graph for a skeleton and float values."""
 
     lifted: dict[int, tuple[int, torch.dtype]]  # float slot -> (index in scalars, dtype)
-    state: str = "compiling"  # compiling | ready | failed
+    state: str = "seen"  # seen (not compiled yet) | compiling | ready | failed
     fn: Callable[..., list[torch.Tensor]] | None = None
     future: Future | None = None
     compile_ms: float | None = None
@@ -79,13 +82,15 @@ class GraphCache:
 
     def variant(
         self, skeleton_key: tuple, floats: list[float], lift_dtypes: list[torch.dtype | None]
-    ) -> tuple[Variant | None, tuple, dict[int, tuple[int, torch.dtype]]]:
-        """The variant for these float values (None on a miss), its key and its lifted slots.
+    ) -> tuple[Variant | None, tuple, dict[int, tuple[int, torch.dtype]], bool]:
+        """The variant for these float values (None on a miss), its key, its lifted slots, and
+        whether this skeleton was seen before (with other floats, if the variant is new).
 
         ``lift_dtypes[i]`` is the dtype slot i computes in, or None when it cannot be lifted.
         """
         values = tuple(floats)
         with self._lock:
+            repeat = skeleton_key in self._skeletons
             skeleton = self._skeletons.setdefault(skeleton_key, Skeleton())
             if skeleton.last_values is not None and skeleton.last_values != values:
                 varying = {
@@ -100,13 +105,13 @@ class GraphCache:
             lifted = {slot: (n, lift_dtypes[slot]) for n, slot in enumerate(sorted(skeleton.lifted))}
             key = tuple(LIFTED if i in skeleton.lifted else v for i, v in enumerate(values))
             self.counters.requests += 1
-            return skeleton.variants.get(key), key, lifted
+            return skeleton.variants.get(key), key, lifted, repeat
 
     def _drop_superseded(self, skeleton: Skeleton) -> None:
         """Variants that bake in a float now lifted will not be asked for again: drop those
-        still waiting to compile (a compile costs seconds of the worker's time)."""
+        not compiled yet, cancelling queued compiles (a compile costs seconds of the worker's time)."""
         for key, variant in list(skeleton.variants.items()):
-            if variant.future is not None and variant.future.cancel():
+            if variant.state == "seen" or (variant.future is not None and variant.future.cancel()):
                 del skeleton.variants[key]
 
     def add(self, skeleton_key: tuple, key: tuple, variant: Variant) -> None:
@@ -135,6 +140,7 @@ class GraphCache:
     def compile(self, name: str, variant: Variant, job: CompileJob, wait: bool) -> None:
         """Run ``job`` (build + compile) on the worker thread; with ``wait``, block for it."""
         self._named[name] = variant
+        variant.state = "compiling"
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpunb-compile")
         variant.future = self._executor.submit(self._run_job, name, variant, job)

@@ -13,9 +13,9 @@ Per op (``dispatch``), one of three things happens:
   groups aligned with the user's steps. Views of the user's plain tensors (a DataLoader
   indexing its dataset) also run as they are: they are metadata only.
 
-``flush`` turns the trace into a group: key it, replay it on a first sighting (while the
-worker compiles it) or run the compiled graph, hand the results to the waiting wrappers,
-and publish a FusionGroup record.
+``flush`` turns the trace into a group: key it, replay it until it is compiled (the worker
+compiles it when it comes back: see cache.py) or run the compiled graph, hand the results
+to the waiting wrappers, and publish a FusionGroup record.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ MAX_OPS = 1000
 
 @dataclass(frozen=True)
 class FuseOptions:
-    sync_compile: bool = False  # compile on the first sighting and wait (benchmarks, tests)
+    sync_compile: bool = False  # compile on the first sighting, and wait (benchmarks, tests)
     compile: bool = True  # False: every group replays op by op (isolates recording from Inductor)
     max_ops: int = MAX_OPS
 
@@ -328,12 +328,11 @@ class FusionEngine:
             (tuple([op.key for op in trace.ops]), trace.key_metas(), tuple(outputs), trace.device)
         )
         lift_dtypes = [s.dtype if s.liftable else None for s in trace.float_slots]
-        variant, key, lifted = self.cache.variant(skeleton, trace.floats, lift_dtypes)
-        status = "hit" if variant is not None and variant.state == "ready" else "miss"
-        why = None
+        variant, key, lifted, repeat = self.cache.variant(skeleton, trace.floats, lift_dtypes)
+        family = hash(tuple([op.key[0] for op in trace.ops]))  # the op sequence, shapes aside
+        why, first_sighting = None, variant is None
         if variant is None:  # a miss: only misses pay for the family bookkeeping below
             variant = Variant(lifted=lifted)
-            family = hash(tuple([op.key[0] for op in trace.ops]))  # the op sequence, shapes aside
             previous = self.cache.previous_of_family(family, skeleton)
             if previous is not None:
                 why = explain_miss(previous, skeleton)
@@ -343,15 +342,12 @@ class FusionEngine:
                 variant.state, variant.error = "failed", "compilation off"
             elif self.cache.storming(family):
                 variant.state, variant.error = "failed", "too many input shapes"
-            else:
-                if self.cache.count_family(family) == STORM_VARIANTS:
-                    warn_storm(trace, STORM_VARIANTS)
-                self._schedule(trace, outputs, variant, name=short_hash(skeleton, key))
-            self.cache.add(skeleton, key, variant)  # once its compile is under way (or ruled out)
-        elif variant.state == "compiling":
-            status = "compiling"
-        elif variant.state == "failed":
-            status = "eager"
+            self.cache.add(skeleton, key, variant)
+        if variant.state == "seen" and (self.options.sync_compile or repeat):
+            if self.cache.count_family(family) == STORM_VARIANTS:
+                warn_storm(trace, STORM_VARIANTS)
+            self._schedule(trace, outputs, variant, name=short_hash(skeleton, key))
+        status = "miss" if first_sighting else STATUS_OF[variant.state]
         self.cache.count(status)
         with rng_as_recorded(trace):
             values = self._run(trace, outputs, variant)
@@ -451,6 +447,11 @@ class FusionEngine:
             "pending_ops": len(self.trace.ops),
             "ops": dict(self.counts),
         }
+
+
+#: How a group ran, by its variant's state: "seen" (once, not compiled yet) and "compiling"
+#: both replay op by op.
+STATUS_OF = {"ready": "hit", "seen": "compiling", "compiling": "compiling", "failed": "eager"}
 
 
 def abandon(trace: Trace, error: BaseException) -> None:
