@@ -8,7 +8,10 @@ infinities such as ``masked_fill(mask, -inf)`` pass while ``log(0)`` is caught.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import re
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -16,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from tpunb.source import SourceLocation, locate
+from tpunb.source import SourceLocation, is_internal_file, locate, location_of
 
 #: Ops whose outputs are uninitialised memory: garbage may look like NaN, so never check them.
 UNINITIALISED_OUTPUT_OPS = frozenset(
@@ -29,10 +32,32 @@ class DebugCheckError(RuntimeError):
 
     def __init__(self, op: str, problem: str, details: Sequence[str], where: SourceLocation | None):
         self.op, self.problem, self.where = op, problem, where
+        self.backward_of = backward_origin()
         lines = [f"{op} {problem}"]
+        if self.backward_of is not None:
+            node, forward = self.backward_of
+            lines.append(f"  in {node}, the gradient of the op at {forward or '(no user frame found)'}")
         lines.append(f"  at {where}" if where else "  at (no user frame found)")
         lines.extend(f"  {line}" for line in details)
         super().__init__("\n".join(lines))
+
+
+_FRAME = re.compile(r'File "(?P<file>.+)", line (?P<line>\d+)')
+
+
+def backward_origin() -> tuple[str, SourceLocation | None] | None:
+    """Inside ``backward()``: the autograd node running (``SqrtBackward0``) and the user's line
+    whose forward op created it. A NaN born in backward is reported at ``loss.backward()``,
+    which says nothing about which forward op's gradient blew up; the node's forward stack
+    (recorded by autograd's anomaly mode, which debug mode turns on) does."""
+    node = torch._C._current_autograd_node()
+    if node is None:
+        return None
+    frames = [_FRAME.search(entry) for entry in node.metadata.get("traceback_", [])]
+    for found in reversed([f for f in frames if f is not None]):
+        if not is_internal_file(found["file"]):
+            return node.name(), location_of(found["file"], int(found["line"]))
+    return node.name(), None
 
 
 def op_name(func: torch._ops.OpOverload) -> str:
@@ -168,6 +193,23 @@ class DebugChecks(TorchDispatchMode):
         self.allow_nan, self.allow_inf = allow_nan, allow_inf
         self._synchronize = synchronize
         self.ops_checked = 0
+        self._scopes: list[contextlib.ExitStack] = []
+
+    def __enter__(self) -> DebugChecks:
+        # Anomaly mode records each autograd node's forward stack (see ``backward_origin``);
+        # its own report of a failed backward would repeat ours, so it is silenced.
+        scope = contextlib.ExitStack()
+        scope.enter_context(torch.autograd.set_detect_anomaly(True, check_nan=False))
+        scope.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="Error detected in ")
+        self._scopes.append(scope)
+        return super().__enter__()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            super().__exit__(*exc_info)
+        finally:
+            self._scopes.pop().close()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         __tracebackhide__ = True  # IPython hides this frame; the user's line stays on top

@@ -60,7 +60,9 @@ def test_monitor_readouts_change_while_the_cell_runs(lab, page):
     memory, groups = [], []
     screenshot_taken = False
     started = time.monotonic()
-    while page.evaluate(RUNNING) and time.monotonic() - started < 60:
+    # Sample for 12 s of the cell's 20: the prompts' "[*]" is not a reliable end signal, since
+    # JupyterLab's windowed rendering may take a scrolled-away cell out of the page.
+    while time.monotonic() - started < 12:
         memory.append(readout(page, "memory-text"))
         groups.append(readout(page, "groups-count"))
         if not screenshot_taken and time.monotonic() - started > 8:

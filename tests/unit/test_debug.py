@@ -106,3 +106,28 @@ def test_nan_in_a_gradient_is_caught_in_backward():
     loss = torch.sqrt(w).sum()
     with pytest.raises(DebugCheckError, match="Inf"), checks():
         loss.backward()
+
+
+def distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.sqrt(((a - b) ** 2).sum(-1))  # the forward line a backward error must name
+
+
+def test_a_nan_born_in_backward_names_the_gradient_and_its_forward_line():
+    a = torch.randn(4, 3, requires_grad=True)
+    b = a.detach().clone()  # distance 0: sqrt's gradient is Inf there
+    with pytest.raises(DebugCheckError) as caught, checks():
+        loss = distance(a, b).mean()
+        loss.backward()  # where the error is raised
+    error = caught.value
+    node, forward = error.backward_of
+    assert node == "SqrtBackward0"
+    assert forward.filename == __file__ and "the forward line a backward error must name" in forward.code
+    assert error.where.code == "loss.backward()  # where the error is raised"
+    assert "in SqrtBackward0, the gradient of the op at" in str(error)
+    assert not torch.is_anomaly_enabled()  # debug mode's anomaly recording ends with it
+
+
+def test_forward_errors_have_no_backward_origin():
+    with pytest.raises(DebugCheckError) as caught, checks():
+        torch.log(torch.tensor([-1.0]))
+    assert caught.value.backward_of is None and "gradient" not in str(caught.value)

@@ -31,8 +31,8 @@ import torch
 
 LIFTED = "<lifted>"  # stands for a lifted slot's value in a variant key (floats never equal it)
 
-#: Compiled graphs one op sequence may have (one per input shape) before new shapes only
-#: replay: a recompile storm costs seconds per step, replay costs about what strict does.
+#: Compiled graphs one op sequence may have (one per input shape) before new shapes replay
+#: until they prove hot: a recompile storm costs seconds per step, replay about what strict does.
 STORM_VARIANTS = 8
 
 
@@ -42,6 +42,7 @@ class Variant:
 
     lifted: dict[int, tuple[int, torch.dtype]]  # float slot -> (index in scalars, dtype)
     state: str = "seen"  # seen (not compiled yet) | compiling | ready | failed
+    sightings: int = 0
     fn: Callable[..., list[torch.Tensor]] | None = None
     future: Future | None = None
     compile_ms: float | None = None

@@ -340,10 +340,9 @@ class FusionEngine:
                 why = f"{len(lifted)} Python float(s) began to vary: now graph inputs"
             if not self.options.compile:
                 variant.state, variant.error = "failed", "compilation off"
-            elif self.cache.storming(family):
-                variant.state, variant.error = "failed", "too many input shapes"
             self.cache.add(skeleton, key, variant)
-        if variant.state == "seen" and (self.options.sync_compile or repeat):
+        variant.sightings += 1
+        if variant.state == "seen" and self._worth_compiling(variant, family, repeat):
             if self.cache.count_family(family) == STORM_VARIANTS:
                 warn_storm(trace, STORM_VARIANTS)
             self._schedule(trace, outputs, variant, name=short_hash(skeleton, key))
@@ -376,6 +375,15 @@ class FusionEngine:
             return replay(trace.ops, trace.inputs, trace.floats, outputs)
         except ReplayError as failure:
             raise FusedOpError(describe_failure(trace, failure)) from failure.error
+
+    def _worth_compiling(self, variant: Variant, family: int, repeat: bool) -> bool:
+        """Compile on the second sighting (or the first, with ``sync_compile``). Once an op
+        sequence has compiled for ``STORM_VARIANTS`` shapes (a recompile storm), a new shape
+        compiles only when it keeps coming back: the fix for a storm (padding to one shape)
+        then still ends in compiled steps, while one-off shapes keep running op by op."""
+        if self.cache.storming(family):
+            return variant.sightings >= HOT_SIGHTINGS
+        return self.options.sync_compile or repeat
 
     def _schedule(self, trace: Trace, outputs: list, variant: Variant, name: str) -> None:
         slot_places = {(s.op, s.where): i for i, s in enumerate(trace.float_slots)}
@@ -449,9 +457,11 @@ class FusionEngine:
         }
 
 
-#: How a group ran, by its variant's state: "seen" (once, not compiled yet) and "compiling"
-#: both replay op by op.
-STATUS_OF = {"ready": "hit", "seen": "compiling", "compiling": "compiling", "failed": "eager"}
+#: How a group ran, by its variant's state; all but "hit" replay op by op.
+STATUS_OF = {"ready": "hit", "seen": "eager", "compiling": "compiling", "failed": "eager"}
+
+#: Sightings after which a shape compiles even during a recompile storm.
+HOT_SIGHTINGS = 3
 
 
 def abandon(trace: Trace, error: BaseException) -> None:

@@ -46,10 +46,14 @@ def reads_input(op: OpRecord, index: int) -> bool:
 
 
 def warn_storm(trace: Trace, variants: int) -> None:
-    warnings.warn(
-        f"tpunb fused: the group recorded at {op_location(trace.ops[0])} has been compiled for "
-        f"{variants} different input shapes; new shapes now run op by op. Give it fixed "
-        "shapes: pad or bucket sequences, DataLoader(drop_last=True).",
+    """Warn once per op sequence, at the user's line that recorded the group's first op."""
+    first = trace.ops[0]
+    warnings.warn_explicit(
+        f"tpunb fused: the group recorded at {op_location(first)} has been compiled for "
+        f"{variants} different input shapes; "
+        "new shapes now run op by op unless they keep coming back. Give it fixed shapes: pad "
+        "or bucket sequences, DataLoader(drop_last=True).",
         RuntimeWarning,
-        stacklevel=4,
+        filename=first.code.co_filename if first.code else "tpunb",
+        lineno=first.line,
     )
