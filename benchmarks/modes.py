@@ -4,8 +4,9 @@
 
 Every number is a median of repeats measured in this one run; ratios are against strict
 (plain eager) from the same run. "fused first" is a fresh engine's first call with a
-synchronous compile into an empty Inductor cache (the worst case; by default a first call
-replays op by op while a background thread compiles, which costs about what strict does).
+synchronous compile into an empty Inductor cache (the worst case; by default a group replays
+op by op until it comes back, then compiles in a background thread while it keeps replaying,
+which costs about what strict does).
 """
 
 from __future__ import annotations
