@@ -329,9 +329,10 @@ class FusionEngine:
         )
         lift_dtypes = [s.dtype if s.liftable else None for s in trace.float_slots]
         variant, key, lifted, repeat = self.cache.variant(skeleton, trace.floats, lift_dtypes)
-        family = hash(tuple([op.key[0] for op in trace.ops]))  # the op sequence, shapes aside
         why, first_sighting = None, variant is None
-        if variant is None:  # a miss: only misses pay for the family bookkeeping below
+        if first_sighting or variant.state == "seen":  # hits skip the family bookkeeping below
+            family = hash(tuple([op.key[0] for op in trace.ops]))  # the op sequence, shapes aside
+        if variant is None:
             variant = Variant(lifted=lifted)
             previous = self.cache.previous_of_family(family, skeleton)
             if previous is not None:
