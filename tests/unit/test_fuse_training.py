@@ -275,3 +275,29 @@ def test_groups_stay_aligned_with_steps_when_a_step_is_longer_than_a_group():
     last_step = [(g.key, g.status) for g in groups[-per_step:]]
     assert [g.key for g in groups[-2 * per_step : -per_step]] == [key for key, _ in last_step]
     assert all(status == "hit" for _, status in last_step)
+
+
+def test_background_compiles_never_run_fx_symbolic_tracing(monkeypatch):
+    """FX's symbolic tracer patches nn.Module.__call__ for every thread while it runs: on the
+    compile worker it would capture the user's module calls on the main thread."""
+    import threading
+
+    from torch._inductor.loop_body import InterpreterShim
+
+    InterpreterShim._dummy_gm.cache_clear()  # as in a fresh process
+    tracers = []
+    original = torch.fx.Tracer.trace
+
+    def recording_trace(self, *args, **kwargs):
+        tracers.append((type(self) is torch.fx.Tracer, threading.current_thread().name))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.fx.Tracer, "trace", recording_trace)
+    engine = FusionEngine(torch.device("cpu"))
+    x = torch.randn(32, 8)
+    for _ in range(2):
+        with engine.scope(FuseOptions()):
+            (x.tanh() * 3).sum().item()
+    engine.cache.wait_idle()
+    assert engine.stats()["compiles"] == 1
+    assert not [name for plain, name in tracers if plain and name.startswith("tpunb-compile")], tracers

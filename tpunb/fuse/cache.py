@@ -145,6 +145,7 @@ class GraphCache:
         self._named[name] = variant
         variant.state = "compiling"
         if self._executor is None:
+            trace_inductor_helpers_here()
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpunb-compile")
         variant.future = self._executor.submit(self._run_job, name, variant, job)
         if wait:
@@ -213,6 +214,20 @@ class GraphCache:
                 "compile_ms": round(c.compile_ms, 1),
                 "graphs": sum(len(s.variants) for s in self._skeletons.values()),
             }
+
+
+def trace_inductor_helpers_here() -> None:
+    """FX's symbolic tracer patches ``torch.nn.Module.__call__`` process-wide while it traces,
+    so a module the main thread calls meanwhile is routed into that tracer and fails
+    ("NameError: module is not installed as a submodule"). Inductor symbolically traces one
+    helper, once per process, in its first lowering; tracing it here, on the calling (main)
+    thread before the compile worker starts, keeps the worker from ever doing so while the
+    user's modules run. (Inductor's other tracing, make_fx, forwards module calls untouched.)"""
+    try:
+        from torch._inductor.loop_body import InterpreterShim
+    except ImportError:  # another torch layout: nothing known to warm
+        return
+    InterpreterShim._dummy_gm()
 
 
 #: The interpreter's thread switch interval while a background compile runs (default 5 ms).
