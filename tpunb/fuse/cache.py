@@ -240,7 +240,7 @@ def quick_thread_switches() -> Iterator[None]:
     ops, each releasing the GIL inside its kernel and then waiting to get it back. With the
     default 5 ms switch interval the compiling thread keeps the GIL for up to 5 ms each time
     (a convoy); a short interval bounds that wait. Measured on a 135M-parameter LoRA step
-    replayed during compiles: about 20 % faster steps."""
+    replayed during compiles: about 14 s per step at 5 ms, about 10 s at 0.2 ms."""
     previous = sys.getswitchinterval()
     sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
     try:
