@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpunb.labcomm import close_lab_link, open_lab_link
 from tpunb.magics import TpuMagics
 from tpunb.report import cell_summary, load_line
 from tpunb.session import Session, get_session
@@ -65,6 +66,8 @@ def load(shell: Any, version: str) -> None:
         hooks = CellHooks(shell, session, magics.compile_prefix)
         hooks.register()
         setattr(shell, _HOOKS_ATTR, hooks)
+    if getattr(shell, "kernel", None) is not None:  # a kernel, so maybe a JupyterLab page
+        open_lab_link(session, version)
     print(load_line(session, version))
 
 
@@ -73,3 +76,4 @@ def unload(shell: Any) -> None:
     if hooks is not None:
         hooks.unregister()
         setattr(shell, _HOOKS_ATTR, None)
+    close_lab_link()

@@ -43,6 +43,7 @@ class Session:
         self.bus = bus if bus is not None else EventBus()
         self.summary_enabled = True
         self._default = ModeConfig()
+        self._pending_default: tuple[ModeConfig, str] | None = None
         self._overrides: list[ModeConfig] = []
         self._active: tuple[ModeConfig, ExitStack] | None = None
         self._cell: _CellWindow | None = None
@@ -58,9 +59,14 @@ class Session:
     def effective(self) -> ModeConfig:
         return self._overrides[-1] if self._overrides else self._default
 
+    @property
+    def available_modes(self) -> list[str]:
+        """The modes this runtime runs, in the order users meet them."""
+        return [m.value for m in Mode if m in self.runtime.modes]
+
     def check_supported(self, config: ModeConfig) -> None:
         if config.mode not in self.runtime.modes:
-            available = ", ".join(m.value for m in Mode if m in self.runtime.modes)
+            available = ", ".join(self.available_modes)
             raise ModeUnavailable(
                 f"{config.mode.value} mode is not available on the {self.runtime.name} runtime "
                 f"yet; available here: {available}"
@@ -74,6 +80,23 @@ class Session:
         self.bus.publish(ModeChange(previous=previous.describe(), current=config.describe(), source=source))
         if self._cell is not None or not self._in_notebook:
             self._activate()
+
+    def request_default(self, config: ModeConfig, source: str) -> bool:
+        """``set_default`` from outside the running cell (the lab extension's picker): applied
+        now between cells, or kept and applied when the running cell ends, so a cell never
+        changes mode halfway because someone clicked. Returns whether it applied now."""
+        self.check_supported(config)
+        if self.cell_running:
+            self._pending_default = (config, source)
+            return False
+        self._pending_default = None
+        self.set_default(config, source=source)
+        return True
+
+    @property
+    def pending_default(self) -> ModeConfig | None:
+        """A requested default waiting for the running cell to end."""
+        return self._pending_default[0] if self._pending_default is not None else None
 
     @contextlib.contextmanager
     def scoped(self, config: ModeConfig) -> Iterator[None]:
@@ -109,6 +132,10 @@ class Session:
     #: Set by the IPython hooks: in a notebook, scopes open only while a cell runs.
     _in_notebook = False
 
+    @property
+    def cell_running(self) -> bool:
+        return self._cell is not None
+
     def begin_cell(self, number: int | None) -> None:
         self._in_notebook = True
         self._cell = _CellWindow(
@@ -129,6 +156,9 @@ class Session:
             self.runtime.synchronize()
         finally:
             record = self._record(cell, error) if cell is not None else None
+            pending, self._pending_default = self._pending_default, None
+            if pending is not None:
+                self.set_default(*pending)
         return record
 
     def _record(self, cell: _CellWindow, error: BaseException | None) -> CellRun:
@@ -166,7 +196,7 @@ class Session:
             "device": self.runtime.device,
             "mode": self.effective.mode.value,
             "default_mode": self._default.mode.value,
-            "modes_available": [m.value for m in Mode if m in self.runtime.modes],
+            "modes_available": self.available_modes,
             "memory": asdict(memory) if memory is not None else None,
             "cache": asdict(self.runtime.cache_stats()),
             "groups": [r.as_dict() for r in self.bus.recent("group", STATS_GROUPS)],

@@ -89,6 +89,34 @@ def test_cells_open_and_close_the_scope_and_record_a_run(session):
     nan_op()
 
 
+def test_a_default_requested_while_a_cell_runs_waits_for_the_cell_to_end(session):
+    """The lab picker's path when its message is handled beside a running cell (ipykernel
+    subshells): the cell keeps its mode, the next cell gets the pick."""
+    session.begin_cell(1)
+    assert session.request_default(DEBUG, source="lab") is False
+    assert session.pending_default == DEBUG
+    assert session.effective == STRICT
+    nan_op()  # still strict: no check
+    session.end_cell(None)
+    assert session.default == DEBUG and session.pending_default is None
+    assert session.bus.recent("mode")[-1].source == "lab"
+    session.begin_cell(2)
+    with pytest.raises(DebugCheckError):
+        nan_op()
+    session.end_cell(None)
+    assert session.request_default(STRICT, source="lab") is True  # between cells: at once
+    assert session.default == STRICT
+
+
+def test_a_requested_default_the_runtime_cannot_run_is_refused_at_once():
+    session = Session(EagerOnlyRuntime(), RuntimeChoice("native", "test"))
+    session.begin_cell(1)
+    with pytest.raises(ModeUnavailable):
+        session.request_default(ModeConfig(Mode.FUSED), source="lab")
+    assert session.pending_default is None
+    session.end_cell(None)
+
+
 def test_cell_mode_leaves_out_strict_when_a_cell_switched(session):
     session.begin_cell(1)
     with session.scoped(DEBUG):

@@ -17,11 +17,20 @@ import traitlets
 from tpunb.monitoring.state import format_text
 
 HERE = Path(__file__).parent
+#: The view's code; the JupyterLab extension's side panel renders the same module.
+VIEW_ESM = HERE / "monitor.js"
+VIEW_CSS = HERE / "monitor.css"
+
+
+def graph_answer(graph_of: Any, key: str) -> dict[str, str]:
+    """What a click on a fusion group shows: the code of its compiled graph."""
+    code = graph_of(key)
+    return {"key": key, "code": code or "no graph kept for this group (not compiled)"}
 
 
 class MonitorWidget(anywidget.AnyWidget):
-    _esm = HERE / "monitor.js"
-    _css = HERE / "monitor.css"
+    _esm = VIEW_ESM
+    _css = VIEW_CSS
 
     state = traitlets.Dict().tag(sync=True)
     graph = traitlets.Dict().tag(sync=True)  # {"key": ..., "code": ...} for the clicked group
@@ -49,9 +58,7 @@ class MonitorWidget(anywidget.AnyWidget):
 
     def _on_message(self, widget: Any, content: dict[str, Any], buffers: list[bytes]) -> None:
         if content.get("type") == "graph":
-            key = str(content.get("key"))
-            code = self._graph_of(key)
-            self.graph = {"key": key, "code": code or "no graph kept for this group (not compiled)"}
+            self.graph = graph_answer(self._graph_of, str(content.get("key")))
 
     def __repr__(self) -> str:
         return format_text(self.state) if self.state else "tpunb monitor (no data yet)"

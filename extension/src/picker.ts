@@ -1,0 +1,59 @@
+import { TranslationBundle } from '@jupyterlab/translation';
+import { Widget } from '@lumino/widgets';
+
+import { KernelLink } from './link';
+import { MODES, pendingNote, pickedMode } from './state';
+
+/**
+ * The notebook toolbar's mode picker. Picking sends `set_mode` over the comm (no code goes
+ * into the notebook); `%tpu_mode` in a cell moves it too, since it shows the kernel's state.
+ * While a cell runs, the pick waits for that cell to end, and the note beside it says so.
+ */
+export class ModePicker extends Widget {
+  constructor(
+    private readonly _link: KernelLink,
+    trans: TranslationBundle
+  ) {
+    super();
+    this.addClass('tpunb-ModePicker');
+    this._select = document.createElement('select');
+    this._select.title = trans.__('tpunb execution mode of the next cells');
+    this._select.setAttribute('aria-label', trans.__('tpunb mode'));
+    this._note = document.createElement('span');
+    this._note.className = 'tpunb-ModePicker-note';
+    this.node.append(this._select, this._note);
+    this._select.addEventListener('change', () =>
+      this._link.setMode(this._select.value)
+    );
+    _link.stateChanged.connect(this._render, this);
+    this._render();
+  }
+
+  dispose(): void {
+    this._link.stateChanged.disconnect(this._render, this);
+    super.dispose();
+  }
+
+  private _render(): void {
+    const state = this._link.state;
+    this.setHidden(state === null);
+    if (state === null) {
+      return;
+    }
+    const offered = MODES.filter(mode => state.modes.includes(mode));
+    if (offered.join() !== this._offered) {
+      this._offered = offered.join();
+      this._select.replaceChildren(
+        ...offered.map(mode => new Option(mode, mode))
+      );
+    }
+    this._select.value = pickedMode(state, this._link.requested);
+    const note = pendingNote(state, this._link.requested);
+    this._note.textContent = note ?? '';
+    this.toggleClass('tpunb-mod-pending', note !== null);
+  }
+
+  private _select: HTMLSelectElement;
+  private _note: HTMLSpanElement;
+  private _offered = '';
+}

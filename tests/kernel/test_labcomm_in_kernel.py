@@ -1,0 +1,157 @@
+"""The lab extension's comm, spoken to by jupyter_client the way JupyterLab speaks it.
+
+JupyterLab's side (extension/src/link.ts) registers the target, reads state messages,
+sends ``set_mode``/``monitor``/``graph`` requests, and after a reload finds the open comm
+with a comm-info request and opens its own. These tests send exactly those messages to a
+real kernel.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+import uuid
+from typing import Any
+
+import pytest
+from kernels import Kernel
+
+pytestmark = pytest.mark.kernel
+
+
+def send_comm(kernel: Kernel, msg_type: str, content: dict[str, Any]) -> str:
+    msg = kernel.client.session.msg(msg_type, content)
+    kernel.client.shell_channel.send(msg)
+    return msg["header"]["msg_id"]
+
+
+def request(kernel: Kernel, comm_id: str, data: dict[str, Any]) -> None:
+    send_comm(kernel, "comm_msg", {"comm_id": comm_id, "data": data})
+
+
+def comm_data(kernel: Kernel, until, timeout: float = 10, comm_id: str | None = None) -> list[dict]:
+    """Comm message data from IOPub (opens included) until ``until(data)`` holds."""
+    seen: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = kernel.client.get_iopub_msg(timeout=max(0.05, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if msg["msg_type"] not in ("comm_open", "comm_msg"):
+            continue
+        content = msg["content"]
+        if comm_id is not None and content["comm_id"] != comm_id:
+            continue
+        if msg["msg_type"] == "comm_open" and content.get("target_name") != "tpunb":
+            continue
+        seen.append({**content["data"], "_comm_id": content["comm_id"]})
+        if until(seen[-1]):
+            return seen
+    raise AssertionError(f"condition not met in {timeout} s; comm data seen: {seen}")
+
+
+def load_and_open(kernel: Kernel) -> tuple[str, dict]:
+    """``%load_ext tpunb``: the kernel opens a comm to the page with the first state."""
+    result = kernel.run("%load_ext tpunb\nimport torch, tpunb")
+    assert result.error is None, result.error
+    opens = [m for m in result.messages if m["msg_type"] == "comm_open"]
+    tpunb_opens = [m["content"] for m in opens if m["content"]["target_name"] == "tpunb"]
+    assert len(tpunb_opens) == 1, opens
+    return tpunb_opens[0]["comm_id"], tpunb_opens[0]["data"]
+
+
+def test_loading_opens_the_comm_with_the_kernels_state(fresh_kernel: Kernel) -> None:
+    _, state = load_and_open(fresh_kernel)
+    assert state["type"] == "state"
+    assert (state["runtime"], state["mode"], state["default"]) == ("native", "strict", "strict")
+    assert state["modes"] == ["debug", "strict", "fused", "compile"]
+    assert state["busy"] is False and state["pending"] is None
+    memory = state["memory"]
+    assert memory["label"] == "host RSS" and 0 < memory["used"] < memory["limit"]
+    # loading again re-announces on the same comm instead of opening another
+    again = fresh_kernel.run("%load_ext tpunb")
+    assert not [m for m in again.messages if m["msg_type"] == "comm_open"]
+
+
+def test_the_picker_sets_the_default_of_the_next_cells(fresh_kernel: Kernel) -> None:
+    comm_id, _ = load_and_open(fresh_kernel)
+    request(fresh_kernel, comm_id, {"type": "set_mode", "mode": "fused"})
+    comm_data(fresh_kernel, lambda d: d.get("default") == "fused")
+    assert fresh_kernel.value("tpunb.current_mode()") == "fused"
+    # the cell really ran fused: its tensor work became a fusion group
+    ran = fresh_kernel.run("x = torch.ones(64) * 2 + 1\nprint(float(x.sum()))")
+    assert ran.stdout.startswith("192.0") and "fused" in ran.stdout, ran.stdout
+
+
+def test_a_pick_during_a_running_cell_applies_when_it_ends(fresh_kernel: Kernel) -> None:
+    comm_id, _ = load_and_open(fresh_kernel)
+    cell = "import time; time.sleep(2.5); print('cell mode', tpunb.current_mode())"
+    msg_id = fresh_kernel.client.execute(cell)
+    busy = comm_data(fresh_kernel, lambda d: d.get("busy") is True)
+    assert busy[-1]["mode"] == "strict"
+    request(fresh_kernel, comm_id, {"type": "set_mode", "mode": "debug"})
+    result = fresh_kernel.collect(msg_id)
+    assert "cell mode strict" in result.stdout  # the running cell kept its mode
+    comm_data(fresh_kernel, lambda d: d.get("default") == "debug" and d.get("busy") is False)
+    assert fresh_kernel.value("tpunb.current_mode()") == "debug"
+
+
+def test_mode_changes_in_cells_reach_the_page_while_the_cell_runs(fresh_kernel: Kernel) -> None:
+    load_and_open(fresh_kernel)
+    msg_id = fresh_kernel.client.execute("%%tpu_mode debug\nimport time; time.sleep(2)")
+    during = comm_data(fresh_kernel, lambda d: d.get("mode") == "debug")
+    assert during[-1]["busy"] is True and during[-1]["default"] == "strict"
+    fresh_kernel.collect(msg_id)
+    comm_data(fresh_kernel, lambda d: d.get("mode") == "strict" and d.get("busy") is False)
+    fresh_kernel.run("%tpu_mode compile")
+    comm_data(fresh_kernel, lambda d: d.get("default") == "compile")
+
+
+def test_a_bad_pick_is_refused_with_the_accepted_modes(fresh_kernel: Kernel) -> None:
+    comm_id, _ = load_and_open(fresh_kernel)
+    request(fresh_kernel, comm_id, {"type": "set_mode", "mode": "turbo"})
+    error = comm_data(fresh_kernel, lambda d: d.get("type") == "error")[-1]
+    assert error["message"] == "unknown mode 'turbo'; valid modes: debug, strict, fused, compile"
+    assert fresh_kernel.value("tpunb.current_mode()") == "strict"
+
+
+def test_a_reloaded_page_finds_the_comm_and_opens_its_own(fresh_kernel: Kernel) -> None:
+    info = fresh_kernel.client.comm_info(target_name="tpunb", reply=True)
+    assert info["content"]["comms"] == {}  # tpunb not loaded: the page stays quiet
+    first_id, _ = load_and_open(fresh_kernel)
+    info = fresh_kernel.client.comm_info(target_name="tpunb", reply=True)
+    assert list(info["content"]["comms"]) == [first_id]
+    page_id = uuid.uuid4().hex
+    send_comm(fresh_kernel, "comm_open", {"comm_id": page_id, "target_name": "tpunb", "data": {}})
+    state = comm_data(fresh_kernel, lambda d: d["_comm_id"] == page_id)[-1]
+    assert state["type"] == "state" and state["default"] == "strict"
+    # both pages hear of a change, and either can pick
+    request(fresh_kernel, page_id, {"type": "set_mode", "mode": "fused"})
+    seen = comm_data(fresh_kernel, lambda d: d.get("default") == "fused" and d["_comm_id"] == page_id)
+    assert {d["_comm_id"] for d in seen if d.get("default") == "fused"} == {first_id, page_id}
+
+
+def test_the_side_panel_gets_the_monitor_view_and_live_ticks(fresh_kernel: Kernel) -> None:
+    comm_id, _ = load_and_open(fresh_kernel)
+    fresh_kernel.run("%tpu_mode fused")
+    request(fresh_kernel, comm_id, {"type": "monitor", "open": True})
+    view = comm_data(fresh_kernel, lambda d: d.get("type") == "monitor_view")[-1]
+    assert "export default" in view["esm"] and "render" in view["esm"] and ".tpunb" in view["css"]
+    run = fresh_kernel.run("w = torch.randn(32, 32)\nfor _ in range(3):\n    y = (w @ w).relu().sum().item()")
+    assert run.error is None, run.error
+    tick = comm_data(fresh_kernel, lambda d: d.get("type") == "monitor" and d["state"]["groups_total"] >= 3)
+    group = tick[-1]["state"]["groups"][0]
+    request(fresh_kernel, comm_id, {"type": "graph", "key": group["key"]})
+    graph = comm_data(fresh_kernel, lambda d: d.get("type") == "graph")[-1]
+    assert graph["key"] == group["key"] and graph["code"]
+    request(fresh_kernel, comm_id, {"type": "monitor", "open": False})
+    time.sleep(1)  # ticks in flight may still arrive; after that the panel gets none
+    while True:
+        try:
+            fresh_kernel.client.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            break
+    fresh_kernel.run("z = (torch.ones(8) + 1).sum().item()")
+    with pytest.raises(AssertionError, match="condition not met"):
+        comm_data(fresh_kernel, lambda d: d.get("type") == "monitor", timeout=2)
