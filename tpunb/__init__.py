@@ -25,9 +25,11 @@ __all__ = [
     "adopt",
     "compile",
     "current_mode",
+    "jax_op",
     "load_ipython_extension",
     "mode",
     "monitor",
+    "pallas_call",
     "runtime",
     "set_mode",
     "stats",
@@ -121,6 +123,23 @@ def monitor() -> Any:
 
     session = get_session()
     return monitor_widget(session) if has_widget_frontend() else text_snapshot(session)
+
+
+def jax_op(fn: Any = None, **options: Any) -> Any:
+    """``@tpunb.jax_op``: a function written with ``jax.numpy`` or a Pallas kernel, callable on
+    torch tensors, with autograd through ``jax.vjp``. Options: ``out`` (shape/dtype hints,
+    checked when JAX traces the op) and ``name``. Needs ``pip install 'tpunb[jax]'``."""
+    from tpunb.jaxops import jax_op as make
+
+    return make(fn, **options)
+
+
+def pallas_call(kernel: Any, **options: Any) -> Any:
+    """``jax.experimental.pallas.pallas_call`` that interprets the kernel where JAX has no
+    Pallas compiler (the CPU), so a notebook with Pallas kernels also runs on a laptop."""
+    from tpunb.jaxops import pallas_call as call
+
+    return call(kernel, **options)
 
 
 def runtime() -> Runtime:

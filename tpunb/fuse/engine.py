@@ -6,7 +6,8 @@ Per op (``dispatch``), one of three things happens:
   raises shape errors on the user's line); outputs are pending DeferredTensors.
 * **run it eagerly**, flushing first when the op touches pending values: ops that need data
   (``item``, ``nonzero``, masks), have no meta kernel, write into a tensor the engine does
-  not own, or change device. A slower answer, never a wrong one.
+  not own, or change device, and JAX ops (``tpunb.jax_op``: JAX compiles those itself).
+  A slower answer, never a wrong one.
 * **run it as bookkeeping**: ops on 0-dim tensors only (an optimizer's step counter) with
   nothing pending run eagerly without a flush, so ``step.item()`` does not cut the group;
   but reading a value an earlier group computed (``loss.item()``) ends the group, keeping
@@ -130,7 +131,7 @@ class FusionEngine:
         signature = (op.id, scan.signature(args, op.pointwise), scan.signature(kwargs, op.pointwise))
         if not scan.tensors and not op.returns_tensor:
             return func(*args, **kwargs)  # profiler markers and the like
-        if scan.unsupported or op.name in STORAGE_CHANGING:
+        if scan.unsupported or op.boundary or op.name in STORAGE_CHANGING:
             return self._eager(func, op, args, kwargs, scan)
         if op.view_only and not scan.wrapped:
             # A view of the user's own tensors (a DataLoader indexing its dataset, say) is

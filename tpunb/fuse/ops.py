@@ -25,7 +25,11 @@ class OpFacts:
     random: bool
     has_device_arg: bool
     argument_names: tuple[str, ...]
+    boundary: bool  # always runs on its own, never inside a group (JAX ops: JAX compiles them)
 
+
+#: Op namespaces that are flush boundaries: ``tpunb_jax`` ops run a JAX-compiled function.
+BOUNDARY_NAMESPACES = frozenset({"tpunb_jax"})
 
 _facts: dict[torch._ops.OpOverload, OpFacts] = {}
 _by_id: list[OpFacts] = []
@@ -82,4 +86,5 @@ def _compute(func: torch._ops.OpOverload, op_id: int) -> OpFacts:
         random=torch.Tag.nondeterministic_seeded in tags,
         has_device_arg=any(a.name == "device" for a in arguments),
         argument_names=tuple(a.name for a in arguments),
+        boundary=func.namespace in BOUNDARY_NAMESPACES,
     )
