@@ -15,7 +15,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tpunb-installed
 
-XLA_PACKAGES ?= torch==2.9.0 torch_xla==2.9.0
+XLA_PACKAGES ?= torch==2.9.0 torch_xla==2.9.0 jax==0.7.1 jaxlib==0.7.1 flax==0.12.0
 TORCHTPU_PACKAGES ?= torch==2.13.0 torch_tpu==0.2.0
 RUNTIME_PYTEST := -m pytest -o addopts="-ra --strict-markers"
 

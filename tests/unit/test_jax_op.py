@@ -213,3 +213,10 @@ def test_without_jax_importing_tpunb_works_and_jax_op_says_how_to_install():
     assert result.stdout.strip() == (
         "tpunb.jax_op needs JAX, which is not installed: pip install 'tpunb[jax]' (or pip install jax)"
     )
+
+
+def test_the_bridge_refuses_devices_it_cannot_hand_to_jax():
+    """TorchTPU's ``tpu`` tensors are refused by name (no chip here: a meta tensor stands in,
+    on the same path); the op then never reaches JAX with memory it cannot read."""
+    with pytest.raises(JaxOpError, match=r"does not run on meta tensors yet .* torch\.tpu\.pallas\.jax_op"):
+        bridge.to_jax(torch.empty(2, device="meta"))

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from tpunb.jaxops.hints import JaxOpError
+
 INSTALL_HINT = "pip install 'tpunb[jax]' (or pip install jax)"
 
 
@@ -48,9 +50,18 @@ def jax_device_for(tensor: torch.Tensor) -> Any | None:
     return None
 
 
+#: Where this bridge works: the native runtime's devices (XLA tensors go through xla_bridge).
+NATIVE_DEVICES = frozenset({"cpu", "cuda"})
+
+
 def to_jax(tensor: torch.Tensor) -> Any:
     """A JAX array over ``tensor``'s memory (a contiguous copy first if it is strided)."""
     jax = require_jax()
+    if tensor.device.type not in NATIVE_DEVICES:
+        raise JaxOpError(
+            f"tpunb.jax_op does not run on {tensor.device.type} tensors yet (it runs on cpu, cuda "
+            "and xla tensors); on TorchTPU use torch.tpu.pallas.jax_op, or move the tensors to the CPU"
+        )
     if jax_device_for(tensor) is None:
         _warn_host_copy(tensor.device)
         tensor = tensor.cpu()

@@ -14,6 +14,10 @@ engine:
 * compile: ``torch.compile`` sees an op with a fake (shape) implementation, from
   ``jax.eval_shape``, and calls it from the compiled graph.
 
+Runtimes: on the native runtime JAX runs the op on the tensors' memory (``bridge``); on
+PyTorch/XLA it joins the lazy graph (``xla_bridge``), so there it is part of the fused
+group rather than a boundary; TorchTPU's ``tpu`` tensors are refused for now.
+
 Autograd: the backward is the second op, which runs ``jax.vjp`` of the same function
 (recomputing the forward inside one JAX graph, so nothing JAX-side is kept between the two),
 so a JAX op can sit inside a model trained by a PyTorch optimizer.
@@ -39,6 +43,7 @@ from tpunb.jaxops.bridge import require_jax, to_jax, to_torch
 from tpunb.jaxops.compile_watch import watch_compiles
 from tpunb.jaxops.hints import Hint, Hints, JaxOpError, check_outputs
 from tpunb.jaxops.report import report_call
+from tpunb.jaxops.xla_bridge import call_on_xla, on_xla
 
 NAMESPACE = "tpunb_jax"
 _names = itertools.count()
@@ -163,12 +168,16 @@ class JaxOp:
 
     def run_forward(self, tensors: list[torch.Tensor], index: int) -> list[torch.Tensor]:
         forward = self._variants[index].forward
+        if on_xla(tensors):
+            return call_on_xla(forward, tuple(tensors))
         return self._run(lambda arrays: forward(*arrays), tensors, index, backward=False)
 
     def run_vjp(
         self, tensors: list[torch.Tensor], cotangents: list[torch.Tensor], index: int
     ) -> list[torch.Tensor]:
         vjp = self._variants[index].vjp
+        if on_xla(tensors):
+            return call_on_xla(vjp, (tuple(tensors), tuple(cotangents)))
         return self._run(
             lambda arrays: vjp(tuple(arrays), tuple(to_jax(c) for c in cotangents)),
             tensors,
@@ -180,7 +189,7 @@ class JaxOp:
         _, traced = self._trace(index, tensors)
         return [torch.empty(shape, dtype=dtype, device=tensors[0].device) for shape, dtype in traced]
 
-    def _run(
+    def _run(  # the native runtime: JAX runs the op on its own, on the tensors' memory
         self, call: Callable[[list[Any]], Any], tensors: list[torch.Tensor], index: int, *, backward: bool
     ) -> list[torch.Tensor]:
         jax = require_jax()
