@@ -11,7 +11,7 @@ import ast
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from tpunb.cellcompile import CompileModePrefix, NotCompilable
@@ -22,7 +22,8 @@ from tpunb.session import Session
 
 @magics_class
 class TpuMagics(Magics):
-    """``%tpu_mode``, ``%%tpu_mode``, ``%tpu_summary``, ``%tpu_cache``, ``%tpu_monitor``, ``%tpu_doctor``."""
+    """``%tpu_mode``, ``%%tpu_mode``, ``%tpu_summary``, ``%tpu_cache``, ``%tpu_monitor``, ``%tpu_doctor``,
+    ``%%tpu_distributed``."""
 
     def __init__(self, shell: Any, session: Session) -> None:
         super().__init__(shell)
@@ -159,3 +160,66 @@ class TpuMagics(Magics):
         if line.strip():
             raise UsageError("%tpu_doctor takes no arguments")
         print(format_report(run_checks()))
+
+    @magic_arguments()
+    @argument("-n", "--nprocs", type=int, required=True, help="worker processes to start on this machine.")
+    @argument(
+        "--backend",
+        default="auto",
+        help="process-group backend: auto (gloo on CPU, nccl on CUDA, xla on PyTorch/XLA, tpu on "
+        "TorchTPU), gloo, nccl, xla or tpu.",
+    )
+    @argument(
+        "--return",
+        dest="returns",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="variables of rank 0 to bring back into the notebook after the cell.",
+    )
+    @argument(
+        "--save",
+        metavar="DIR",
+        help="instead of running, write the job to DIR and print the torchrun command that runs "
+        "it on several hosts (TPU pods, GPU machines).",
+    )
+    @cell_magic
+    def tpu_distributed(self, line: str, cell: str) -> None:
+        """Run the cell on N worker processes of torch.distributed (torchrun's elastic launcher).
+
+        Each worker has RANK, WORLD_SIZE, LOCAL_RANK, DEVICE and an initialised process group,
+        the notebook's imports and the (picklable) variables the cell uses, and runs in the
+        notebook's tpunb mode. Output comes back as it happens, prefixed [rank k]. A failure
+        on any rank stops them all and names the rank and the cell line; interrupting the
+        cell stops every worker.
+
+        Example::
+
+            %%tpu_distributed -n 2 --return losses
+            model = DDP(make_model())
+            ...
+        """
+        __tracebackhide__ = True
+        from tpunb.distributed.backend import BACKENDS
+        from tpunb.distributed.cell import run_distributed_cell
+        from tpunb.distributed.job import UnpicklableVariables
+
+        args = parse_argstring(self.tpu_distributed, line)
+        if args.nprocs < 1:
+            raise UsageError(f"%%tpu_distributed: -n must be at least 1, not {args.nprocs}")
+        if args.backend not in BACKENDS:
+            raise UsageError(
+                f"%%tpu_distributed: unknown backend {args.backend!r}; accepted: {', '.join(BACKENDS)}"
+            )
+        try:
+            run_distributed_cell(
+                self.shell,
+                self.session,
+                cell,
+                nprocs=args.nprocs,
+                backend=args.backend,
+                returns=tuple(args.returns),
+                save=args.save,
+            )
+        except UnpicklableVariables as error:
+            raise UsageError(str(error)) from None
