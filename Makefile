@@ -16,7 +16,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.tpunb-installed
 
 XLA_PACKAGES ?= torch==2.9.0 torch_xla==2.9.0 jax==0.7.1 jaxlib==0.7.1 flax==0.12.0
-TORCHTPU_PACKAGES ?= torch==2.13.0 torch_tpu==0.2.0
+TORCHTPU_PACKAGES ?= torch==2.13.0 torch_tpu==0.2.0 jax==0.10.2
 RUNTIME_PYTEST := -m pytest -o addopts="-ra --strict-markers"
 
 .PHONY: lab test lint test-extension venv node chromium test-xla test-torchtpu

@@ -11,10 +11,7 @@ import re
 from pathlib import Path
 
 import nbformat
-import pytest
 from test_monitor_browser import ARTIFACTS, dismiss_news_toast
-
-pytestmark = pytest.mark.browser
 
 CELLS = [
     "%load_ext tpunb",

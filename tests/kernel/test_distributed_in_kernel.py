@@ -15,8 +15,6 @@ from kernels import Kernel
 
 from tpunb.distributed import load_returned
 
-pytestmark = pytest.mark.kernel
-
 SETUP = """
 import torch, tpunb
 import torch.nn.functional as F

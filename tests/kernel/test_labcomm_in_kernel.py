@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 from kernels import Kernel
 
-pytestmark = pytest.mark.kernel
-
 
 def send_comm(kernel: Kernel, msg_type: str, content: dict[str, Any]) -> str:
     msg = kernel.client.session.msg(msg_type, content)

@@ -50,7 +50,8 @@ def jax_device_for(tensor: torch.Tensor) -> Any | None:
     return None
 
 
-#: Where this bridge works: the native runtime's devices (XLA tensors go through xla_bridge).
+#: Where this bridge works: the native runtime's devices (XLA and TorchTPU tensors go through
+#: their own bridges).
 NATIVE_DEVICES = frozenset({"cpu", "cuda"})
 
 
@@ -59,8 +60,8 @@ def to_jax(tensor: torch.Tensor) -> Any:
     jax = require_jax()
     if tensor.device.type not in NATIVE_DEVICES:
         raise JaxOpError(
-            f"tpunb.jax_op does not run on {tensor.device.type} tensors yet (it runs on cpu, cuda "
-            "and xla tensors); on TorchTPU use torch.tpu.pallas.jax_op, or move the tensors to the CPU"
+            f"tpunb.jax_op cannot hand {tensor.device.type} tensors to JAX (it runs on cpu, cuda, "
+            "xla and tpu tensors); move them to one of those devices first"
         )
     if jax_device_for(tensor) is None:
         _warn_host_copy(tensor.device)

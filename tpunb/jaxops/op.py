@@ -16,7 +16,8 @@ engine:
 
 Runtimes: on the native runtime JAX runs the op on the tensors' memory (``bridge``); on
 PyTorch/XLA it joins the lazy graph (``xla_bridge``), so there it is part of the fused
-group rather than a boundary; TorchTPU's ``tpu`` tensors are refused for now.
+group rather than a boundary; on TorchTPU it is handed to ``torch.tpu.pallas.jax_op``
+(``torchtpu_bridge``), which runs it on the chip.
 
 Autograd: the backward is the second op, which runs ``jax.vjp`` of the same function
 (recomputing the forward inside one JAX graph, so nothing JAX-side is kept between the two),
@@ -43,6 +44,7 @@ from tpunb.jaxops.bridge import require_jax, to_jax, to_torch
 from tpunb.jaxops.compile_watch import watch_compiles
 from tpunb.jaxops.hints import Hint, Hints, JaxOpError, check_outputs
 from tpunb.jaxops.report import report_call
+from tpunb.jaxops.torchtpu_bridge import TorchTpuOps, on_tpu
 from tpunb.jaxops.xla_bridge import call_on_xla, on_xla
 
 NAMESPACE = "tpunb_jax"
@@ -124,6 +126,7 @@ class JaxOp:
         self._variants: list[Variant] = []
         self._variant_of: dict[CallShape, int] = {}
         self._forward_op, self._vjp_op = _register(self)
+        self._torchtpu = TorchTpuOps(self.name)
         # torch.compile sees one call (run on fake tensors: shapes from jax.eval_shape), not
         # the JAX tracing inside, which it cannot follow
         torch.compiler.allow_in_graph(self)
@@ -170,6 +173,8 @@ class JaxOp:
         forward = self._variants[index].forward
         if on_xla(tensors):
             return call_on_xla(forward, tuple(tensors))
+        if on_tpu(tensors):
+            return self._torchtpu.call(index, "fwd", forward, tensors)
         return self._run(lambda arrays: forward(*arrays), tensors, index, backward=False)
 
     def run_vjp(
@@ -178,6 +183,11 @@ class JaxOp:
         vjp = self._variants[index].vjp
         if on_xla(tensors):
             return call_on_xla(vjp, (tuple(tensors), tuple(cotangents)))
+        if on_tpu(tensors):
+            count = len(tensors)
+            return self._torchtpu.call(
+                index, "vjp", lambda *xs: vjp(xs[:count], xs[count:]), [*tensors, *cotangents]
+            )
         return self._run(
             lambda arrays: vjp(tuple(arrays), tuple(to_jax(c) for c in cotangents)),
             tensors,
