@@ -1,7 +1,7 @@
 """A distributed cell as a job: its code, and the notebook state it uses, in a form the
 worker processes can load.
 
-Which state: the names the cell reads (anywhere in it, nested functions included) that the
+Which state: the names the cell reads before it assigns them (``free_names``) that the
 notebook defines. Modules are sent as imports (``import torch.nn.functional as F`` becomes
 "F is torch.nn.functional"); everything else is pickled by value with cloudpickle, so the
 notebook's own functions and classes travel too. A value that cannot be pickled (an open
@@ -38,12 +38,58 @@ class Job:
     sent: tuple[str, ...] = field(default=())  # what was sent, for the one-line report
 
 
-def names_read(source: str) -> set[str]:
-    """Every name the cell reads (loads), in any scope of it."""
-    tree = ast.parse(source)
-    return {
-        node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
-    }
+def _loads(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _stores(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def free_names(source: str) -> set[str]:
+    """The names the cell may read before it assigns them: those come from the notebook.
+
+    Statements are followed in order; a name assigned by an earlier statement of the same
+    flow is the cell's own. Assignments inside a branch, a loop or a ``try`` do not count
+    after it (the branch may not run), and a function body's reads count where the function
+    is defined. Conservative: it may send a name the cell did not need, never miss one.
+    """
+    free: set[str] = set()
+
+    def visit(statements: list[ast.stmt], bound: set[str]) -> None:
+        for stmt in statements:
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                free.update(_loads(stmt) - bound)
+                bound.add(stmt.name)
+            elif isinstance(stmt, ast.Import | ast.ImportFrom):
+                bound.update((a.asname or a.name).split(".")[0] for a in stmt.names)
+            elif isinstance(stmt, ast.For | ast.AsyncFor):
+                free.update(_loads(stmt.iter) - bound)
+                visit(stmt.body, bound | _stores(stmt.target))
+                visit(stmt.orelse, set(bound))
+            elif isinstance(stmt, ast.While | ast.If):
+                free.update(_loads(stmt.test) - bound)
+                visit(stmt.body, set(bound))
+                visit(stmt.orelse, set(bound))
+            elif isinstance(stmt, ast.With | ast.AsyncWith):
+                for item in stmt.items:
+                    free.update(_loads(item.context_expr) - bound)
+                    if item.optional_vars is not None:
+                        bound.update(_stores(item.optional_vars))
+                visit(stmt.body, bound)
+            elif isinstance(stmt, ast.Try):
+                visit(stmt.body, set(bound))
+                for handler in stmt.handlers:
+                    free.update(_loads(handler.type) - bound if handler.type else set())
+                    visit(handler.body, bound | ({handler.name} if handler.name else set()))
+                visit(stmt.orelse, set(bound))
+                visit(stmt.finalbody, set(bound))
+            else:  # a simple statement: its reads happen before its assignments
+                free.update(_loads(stmt) - bound)
+                bound.update(_stores(stmt))
+
+    visit(ast.parse(source).body, set())
+    return free
 
 
 def _describe(value: Any) -> str:
@@ -78,7 +124,7 @@ def build_job(
     returns: tuple[str, ...],
 ) -> Job:
     """The job for a cell whose body starts on line ``first_line`` of the notebook cell."""
-    wanted = sorted(n for n in names_read(source) if n in namespace and n not in SHELL_NAMES)
+    wanted = sorted(n for n in free_names(source) if n in namespace and n not in SHELL_NAMES)
     wanted = [n for n in wanted if not (n.startswith("_") or getattr(builtins, n, None) is namespace[n])]
     imports = tuple((n, namespace[n].__name__) for n in wanted if isinstance(namespace[n], types.ModuleType))
     values = {n: namespace[n] for n in wanted if not isinstance(namespace[n], types.ModuleType)}
