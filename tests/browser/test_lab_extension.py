@@ -8,6 +8,8 @@ The extension is the installed ``tpunb-lab`` package (``make test`` installs it 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -162,3 +164,12 @@ def test_switching_notebooks_and_reloading_the_page_keep_the_right_state(lab, pa
     page.wait_for_function(f"() => !document.querySelector({STATUS!r})?.offsetParent", timeout=10_000)
     open_notebook(page, "reload.ipynb")
     wait_status(page, "^tpunb · debug · ")
+
+
+def test_jupyterlab_lists_the_extension_as_enabled():
+    """What a user checks after installing: the prebuilt extension is found and enabled."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True, text=True, check=True
+    )
+    line = next((x for x in (listed.stdout + listed.stderr).splitlines() if "tpunb-lab" in x), "")
+    assert re.search(r"tpunb-lab v\d+\.\d+\.\d+ .*enabled.*OK", line), listed.stdout + listed.stderr
