@@ -125,7 +125,7 @@ class JaxOp:
         self.name = _unique_name(name or getattr(fn, "__name__", "jax_op"))
         self._variants: list[Variant] = []
         self._variant_of: dict[CallShape, int] = {}
-        self._forward_op, self._vjp_op = _register(self)
+        self._forward_op = _register(self)
         self._torchtpu = TorchTpuOps(self.name)
         # torch.compile sees one call (run on fake tensors: shapes from jax.eval_shape), not
         # the JAX tracing inside, which it cannot follow
@@ -259,8 +259,9 @@ def _unique_name(wanted: str) -> str:
     return name
 
 
-def _register(op: JaxOp) -> tuple[Any, Any]:
-    """The forward and VJP custom ops, with the fake kernel and the autograd formula."""
+def _register(op: JaxOp) -> Any:
+    """The forward custom op, with its fake kernel and its autograd formula (which calls the
+    VJP custom op, registered here too)."""
     forward = torch.library.custom_op(
         f"{NAMESPACE}::{op.name}",
         op.run_forward,
@@ -295,7 +296,7 @@ def _register(op: JaxOp) -> tuple[Any, Any]:
         return [next(computed) if _differentiable(t) else None for t in tensors], None
 
     forward.register_autograd(backward, setup_context=setup_context)
-    return forward, vjp
+    return forward
 
 
 def jax_op(fn: Callable[..., Any] | None = None, *, out: Hints = None, name: str | None = None) -> Any:
