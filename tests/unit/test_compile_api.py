@@ -53,3 +53,18 @@ def test_modules_compile_too():
     compiled = tpunb.compile(model)
     torch.testing.assert_close(compiled(torch.ones(3, 4)), model(torch.ones(3, 4)))
     assert tpunb.stats()["compiled"][-1]["graphs"] >= 1
+
+
+def test_torch_compile_right_after_a_fused_loop_waits_for_its_background_compile():
+    """A fused loop's second sighting of a group compiles it on the worker thread; a
+    torch.compile that starts meanwhile used to fail ("Detected that you are using FX to
+    symbolically trace a dynamo-optimized function"). The worker now takes Dynamo's lock."""
+    for trial in range(4):
+        x = torch.randn(8, 8 + trial)
+        with tpunb.mode("fused"):
+            for _ in range(2):
+                (torch.tanh(x * 2 + 1) * 1.5).sum().item()
+        compiled = torch.compile(lambda t: (t.sin() * 2).sum(), backend="aot_eager", fullgraph=True)
+        t = torch.randn(4, 8 + trial, requires_grad=True)
+        compiled(t).backward()
+        torch.testing.assert_close(t.grad, t.detach().cos() * 2)

@@ -219,3 +219,12 @@ def test_the_bridge_refuses_devices_it_cannot_hand_to_jax():
         JaxOpError, match=r"cannot hand meta tensors to JAX \(it runs on cpu, cuda, xla and tpu"
     ):
         bridge.to_jax(torch.empty(2, device="meta"))
+
+
+def test_torch_compile_pins_the_sizes_a_jax_op_sees():
+    """A second shape makes Dynamo try symbolic sizes; JAX traces concrete ones, so the op pins
+    them (a guard per shape, as JAX compiles per shape anyway)."""
+    compiled = torch.compile(lambda t: gelu_scale(t).sum(), backend="aot_eager", fullgraph=True)
+    for columns in (8, 9, 10):
+        x = torch.randn(4, columns)
+        torch.testing.assert_close(compiled(x), gelu_scale_reference(x).sum())

@@ -154,7 +154,7 @@ class GraphCache:
     def _run_job(self, name: str, variant: Variant, job: CompileJob) -> None:
         started = time.perf_counter()
         try:
-            with quick_thread_switches():
+            with quick_thread_switches(), one_compiler_at_a_time():
                 fn = job()
         except Exception as error:  # any compiler failure: replay this variant from now on
             variant.error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
@@ -228,6 +228,22 @@ def trace_inductor_helpers_here() -> None:
     except ImportError:  # another torch layout: nothing known to warm
         return
     InterpreterShim._dummy_gm()
+
+
+def one_compiler_at_a_time() -> contextlib.AbstractContextManager[Any]:
+    """Dynamo's own compile lock, held while the worker compiles a group.
+
+    A group's compile (FX tracing, Inductor, its process-wide config patches) and a
+    ``torch.compile`` in the main thread (a compile-mode cell, ``tpunb.compile``, a JAX op
+    inside a compiled function) must not run at once: started right after a fused loop
+    whose group was still compiling, Dynamo failed with "Detected that you are using FX to
+    symbolically trace a dynamo-optimized function" (reproduced on 5 of 6 tries). Dynamo
+    takes this lock for each frame it converts, so holding it makes the two take turns; a
+    torch without it (another layout) gets no lock, as before."""
+    from torch._dynamo import convert_frame
+
+    lock = getattr(convert_frame, "compile_lock", None)
+    return lock if lock is not None else contextlib.nullcontext()
 
 
 #: The interpreter's thread switch interval while a background compile runs (default 5 ms).

@@ -158,11 +158,13 @@ class JaxOp:
     def _trace(self, index: int, tensors: Sequence[torch.Tensor]) -> tuple[Any, list[Hint]]:
         """The output structure and (shape, dtype)s for these inputs (``jax.eval_shape``)."""
         variant = self._variants[index]
-        key = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        # int() pins symbolic sizes (torch.compile's dynamic shapes) to this call's values, a
+        # guard: JAX compiles one program per shape anyway, and traces concrete shapes only
+        key = tuple((tuple(int(d) for d in t.shape), t.dtype) for t in tensors)
         found = variant.traced.get(key)
         if found is None:
             jax = require_jax()
-            specs = [jax.ShapeDtypeStruct(tuple(t.shape), _jax_dtype(t.dtype)) for t in tensors]
+            specs = [jax.ShapeDtypeStruct(shape, _jax_dtype(dtype)) for shape, dtype in key]
             leaves, treedef = jax.tree_util.tree_flatten(jax.eval_shape(variant.forward, *specs))
             found = variant.traced[key] = (treedef, [(tuple(a.shape), _torch_dtype(a.dtype)) for a in leaves])
         return found
