@@ -146,6 +146,7 @@ class GraphCache:
         variant.state = "compiling"
         if self._executor is None:
             trace_inductor_helpers_here()
+            run_compiled_calls_beside_worker_traces()
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpunb-compile")
         variant.future = self._executor.submit(self._run_job, name, variant, job)
         if wait:
@@ -231,19 +232,30 @@ def trace_inductor_helpers_here() -> None:
 
 
 def one_compiler_at_a_time() -> contextlib.AbstractContextManager[Any]:
-    """Dynamo's own compile lock, held while the worker compiles a group.
-
-    A group's compile (FX tracing, Inductor, its process-wide config patches) and a
-    ``torch.compile`` in the main thread (a compile-mode cell, ``tpunb.compile``, a JAX op
-    inside a compiled function) must not run at once: started right after a fused loop
-    whose group was still compiling, Dynamo failed with "Detected that you are using FX to
-    symbolically trace a dynamo-optimized function" (reproduced on 5 of 6 tries). Dynamo
-    takes this lock for each frame it converts, so holding it makes the two take turns; a
-    torch without it (another layout) gets no lock, as before."""
+    """Dynamo's own compile lock, held while the worker compiles a group: Dynamo converting a
+    frame on the main thread (a compile-mode cell, ``tpunb.compile``) and Inductor compiling a
+    group share compiler state and process-wide config, so they take turns. A torch without
+    the lock (another layout) gets none, as before."""
     from torch._dynamo import convert_frame
 
     lock = getattr(convert_frame, "compile_lock", None)
     return lock if lock is not None else contextlib.nullcontext()
+
+
+def run_compiled_calls_beside_worker_traces() -> None:
+    """On the calling (main) thread: a torch.compile'd function called while the worker's
+    make_fx trace runs executes as plain eager PyTorch for that call, instead of failing.
+
+    FX's "tracing now" flag is process-wide, and Dynamo refuses to run a compiled function
+    under it ("Detected that you are using FX to symbolically trace a dynamo-optimized
+    function"): with a fused group compiling in the background, a compiled model called in
+    the next cell failed that way (reproduced: thousands of calls during a few compiles, a
+    few percent failing). Dynamo's config is per thread, so this is set here, on the thread
+    that runs the user's code; that call gets the same values, only not compiled."""
+    from torch._dynamo import config
+
+    if hasattr(config, "error_on_nested_fx_trace"):
+        config.error_on_nested_fx_trace = False
 
 
 #: The interpreter's thread switch interval while a background compile runs (default 5 ms).
