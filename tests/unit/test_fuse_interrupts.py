@@ -69,7 +69,8 @@ def test_an_interrupt_anywhere_in_a_step_leaves_the_engine_consistent():
         with engine.scope(REPLAY, adopt=(model, opt)):
             step(model, opt)
 
-    fused_step()  # the first step fills the engine's caches; later ones run fewer lines
+    for _ in range(3):  # the first steps fill the caches (and AdamW state): later ones run fewer lines
+        fused_step()
     total = engine_lines(fused_step)
     assert total > 1000
     interrupted = 0

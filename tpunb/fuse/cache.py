@@ -17,17 +17,18 @@ keeps replaying. A failed compile is remembered and that variant replays from th
 
 from __future__ import annotations
 
-import contextlib
-import sys
+import enum
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from tpunb.fuse.worker import CompileWorker
 
 LIFTED = "<lifted>"  # stands for a lifted slot's value in a variant key (floats never equal it)
 
@@ -36,15 +37,22 @@ LIFTED = "<lifted>"  # stands for a lifted slot's value in a variant key (floats
 STORM_VARIANTS = 8
 
 
+class VariantState(enum.Enum):
+    SEEN = "seen"  # not compiled yet: replays op by op
+    COMPILING = "compiling"  # on the worker; replays meanwhile
+    READY = "ready"  # compiled: runs the compiled graph
+    FAILED = "failed"  # the compile failed (or compiling is off): replays from now on
+
+
 @dataclass
 class Variant:
     """One compiled (or compiling, or failed) graph for a skeleton and float values."""
 
     lifted: dict[int, tuple[int, torch.dtype]]  # float slot -> (index in scalars, dtype)
-    state: str = "seen"  # seen (not compiled yet) | compiling | ready | failed
+    state: VariantState = VariantState.SEEN
     sightings: int = 0
     fn: Callable[..., list[torch.Tensor]] | None = None
-    future: Future | None = None
+    future: Future | None = None  # the queued compile (cancelled when superseded)
     compile_ms: float | None = None
     error: str | None = None
     code: str | None = None  # the FX graph's Python code, for the monitor
@@ -75,7 +83,7 @@ class GraphCache:
     def __init__(self, on_compiled: CompileDone) -> None:
         self._skeletons: dict[tuple, Skeleton] = {}
         self._lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
+        self._worker = CompileWorker()
         self._on_compiled = on_compiled
         self._warnings: list[str] = []
         self._named: dict[str, Variant] = {}
@@ -114,7 +122,7 @@ class GraphCache:
         """Variants that bake in a float now lifted will not be asked for again: drop those
         not compiled yet, cancelling queued compiles (a compile costs seconds of the worker's time)."""
         for key, variant in list(skeleton.variants.items()):
-            if variant.state == "seen" or (variant.future is not None and variant.future.cancel()):
+            if variant.state is VariantState.SEEN or (variant.future is not None and variant.future.cancel()):
                 del skeleton.variants[key]
 
     def add(self, skeleton_key: tuple, key: tuple, variant: Variant) -> None:
@@ -143,23 +151,16 @@ class GraphCache:
     def compile(self, name: str, variant: Variant, job: CompileJob, wait: bool) -> None:
         """Run ``job`` (build + compile) on the worker thread; with ``wait``, block for it."""
         self._named[name] = variant
-        variant.state = "compiling"
-        if self._executor is None:
-            trace_inductor_helpers_here()
-            run_compiled_calls_beside_worker_traces()
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpunb-compile")
-        variant.future = self._executor.submit(self._run_job, name, variant, job)
-        if wait:
-            variant.future.result()
+        variant.state = VariantState.COMPILING
+        variant.future = self._worker.submit(lambda: self._run_job(name, variant, job), wait)
 
     def _run_job(self, name: str, variant: Variant, job: CompileJob) -> None:
         started = time.perf_counter()
         try:
-            with quick_thread_switches(), one_compiler_at_a_time():
-                fn = job()
+            fn = job()
         except Exception as error:  # any compiler failure: replay this variant from now on
             variant.error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            variant.state = "failed"
+            variant.state = VariantState.FAILED
             with self._lock:
                 self.counters.failures += 1
                 self._warnings.append(
@@ -167,7 +168,7 @@ class GraphCache:
                 )
         else:
             variant.fn = fn
-            variant.state = "ready"
+            variant.state = VariantState.READY
             with self._lock:
                 self.counters.compiles += 1
         variant.compile_ms = (time.perf_counter() - started) * 1000
@@ -196,8 +197,7 @@ class GraphCache:
 
     def wait_idle(self) -> None:
         """Block until queued compiles finish (tests and benchmarks)."""
-        if self._executor is not None:
-            self._executor.submit(lambda: None).result()
+        self._worker.wait_idle()
 
     def __len__(self) -> int:
         with self._lock:
@@ -215,66 +215,6 @@ class GraphCache:
                 "compile_ms": round(c.compile_ms, 1),
                 "graphs": sum(len(s.variants) for s in self._skeletons.values()),
             }
-
-
-def trace_inductor_helpers_here() -> None:
-    """FX's symbolic tracer patches ``torch.nn.Module.__call__`` process-wide while it traces,
-    so a module the main thread calls meanwhile is routed into that tracer and fails
-    ("NameError: module is not installed as a submodule"). Inductor symbolically traces one
-    helper, once per process, in its first lowering; tracing it here, on the calling (main)
-    thread before the compile worker starts, keeps the worker from ever doing so while the
-    user's modules run. (Inductor's other tracing, make_fx, forwards module calls untouched.)"""
-    try:
-        from torch._inductor.loop_body import InterpreterShim
-    except ImportError:  # another torch layout: nothing known to warm
-        return
-    InterpreterShim._dummy_gm()
-
-
-def one_compiler_at_a_time() -> contextlib.AbstractContextManager[Any]:
-    """Dynamo's own compile lock, held while the worker compiles a group: Dynamo converting a
-    frame on the main thread (a compile-mode cell, ``tpunb.compile``) and Inductor compiling a
-    group share compiler state and process-wide config, so they take turns. A torch without
-    the lock (another layout) gets none, as before."""
-    from torch._dynamo import convert_frame
-
-    lock = getattr(convert_frame, "compile_lock", None)
-    return lock if lock is not None else contextlib.nullcontext()
-
-
-def run_compiled_calls_beside_worker_traces() -> None:
-    """On the calling (main) thread: a torch.compile'd function called while the worker's
-    make_fx trace runs executes as plain eager PyTorch for that call, instead of failing.
-
-    FX's "tracing now" flag is process-wide, and Dynamo refuses to run a compiled function
-    under it ("Detected that you are using FX to symbolically trace a dynamo-optimized
-    function"): with a fused group compiling in the background, a compiled model called in
-    the next cell failed that way (reproduced: thousands of calls during a few compiles, a
-    few percent failing). Dynamo's config is per thread, so this is set here, on the thread
-    that runs the user's code; that call gets the same values, only not compiled."""
-    from torch._dynamo import config
-
-    if hasattr(config, "error_on_nested_fx_trace"):
-        config.error_on_nested_fx_trace = False
-
-
-#: The interpreter's thread switch interval while a background compile runs (default 5 ms).
-COMPILE_SWITCH_INTERVAL_S = 0.0002
-
-
-@contextlib.contextmanager
-def quick_thread_switches() -> Iterator[None]:
-    """While the worker compiles, the main thread keeps replaying groups: thousands of small
-    ops, each releasing the GIL inside its kernel and then waiting to get it back. With the
-    default 5 ms switch interval the compiling thread keeps the GIL for up to 5 ms each time
-    (a convoy); a short interval bounds that wait. Measured on a 135M-parameter LoRA step
-    replayed during compiles: about 14 s per step at 5 ms, about 10 s at 0.2 ms."""
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(previous)
 
 
 class GroupKey:

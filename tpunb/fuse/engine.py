@@ -34,8 +34,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from tpunb.events import CompileDone, FusionGroup
-from tpunb.fuse.adopt import adopt_tensor, tensors_of
-from tpunb.fuse.cache import STORM_VARIANTS, GraphCache, GroupKey, Variant, explain_miss, short_hash
+from tpunb.fuse.adopt import adopt_tensor, foreach_updates, tensors_of
+from tpunb.fuse.cache import (
+    STORM_VARIANTS,
+    GraphCache,
+    GroupKey,
+    Variant,
+    VariantState,
+    explain_miss,
+    short_hash,
+)
 from tpunb.fuse.deferred import DeferredTensor, same_objects, written_argument
 from tpunb.fuse.errors import (
     FusedOpError,
@@ -49,11 +57,13 @@ from tpunb.fuse.graph import ReplayError, build_graph, replay
 from tpunb.fuse.interrupts import InterruptGuard
 from tpunb.fuse.meta import MetaCache, NotDeferrable
 from tpunb.fuse.ops import OpFacts, facts, facts_by_id
-from tpunb.fuse.rng import default_generator, rng_as_recorded
-from tpunb.fuse.scan import ArgumentEncoder, ArgumentScan, all_scalar, is_argument, real_values, tensor_leaves
-from tpunb.fuse.trace import OpRecord, Trace, tensor_meta
+from tpunb.fuse.record import MAX_ENDS, Recorder
+from tpunb.fuse.rng import rng_as_recorded
+from tpunb.fuse.scan import ArgumentScan, all_scalar, is_argument, real_values, tensor_leaves
+from tpunb.fuse.trace import Trace, tensor_meta
 from tpunb.fuse.views import INPLACE_VIEWS, STORAGE_CHANGING, as_recorded, restride
-from tpunb.source import SourceLocation, locate, user_frame
+from tpunb.fuse.workarounds import skip_dynamo_in
+from tpunb.source import SourceLocation, locate
 
 #: Default bound on ops per group: compile time grows with graph size (research/fusion.md).
 MAX_OPS = 1000
@@ -77,6 +87,12 @@ class FuseMode(TorchDispatchMode):
         __tracebackhide__ = True
         return self.engine.dispatch(func, args, kwargs or {})
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Asked once, as the class is made: whether torch should wrap ``__torch_dispatch__``
+        to keep Dynamo out of it. Marking its code does the same at no cost per op."""
+        return not skip_dynamo_in(cls.__dict__["__torch_dispatch__"].__code__)
+
 
 class FusionEngine:
     def __init__(self, device: torch.device, publish: Any = None) -> None:
@@ -87,7 +103,10 @@ class FusionEngine:
         self.cache = GraphCache(self._compiled)
         self.options = FuseOptions()
         self.groups = 0
-        self.counts = {"recorded": 0, "eager": 0, "bookkeeping": 0}  # ops, by how they ran
+        # ops, by how they ran: recorded the new way, followed a known sequence, run eagerly
+        self.counts = {"recorded": 0, "followed": 0, "eager": 0, "bookkeeping": 0}
+        self.recorder = Recorder(self, self.flush)
+        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # adopted ones
         self.interrupts = InterruptGuard()
 
     # --- scopes -----------------------------------------------------------------------------
@@ -99,7 +118,7 @@ class FusionEngine:
         with self.interrupts.installed():
             try:
                 self.adopt(*adopt)
-                with FuseMode(self):
+                with foreach_updates(tuple(self._optimizers)), FuseMode(self):
                     yield
             finally:
                 try:
@@ -114,6 +133,7 @@ class FusionEngine:
         by a module, an optimizer or the user stay valid; updates to them then fuse instead
         of forcing a flush. Returns how many tensors were adopted.
         """
+        self._optimizers.update(o for o in objects if isinstance(o, torch.optim.Optimizer))
         with self.interrupts:
             return sum(adopt_tensor(tensor, self) for tensor in tensors_of(objects))
 
@@ -126,9 +146,16 @@ class FusionEngine:
 
     def _dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
+        if func is READ_SCALAR and self._reads_settled_scalar(args[0]):
+            self.counts["bookkeeping"] += 1
+            return func(args[0]._value)
+        followed, result = self.recorder.follow(func, args, kwargs)
+        if followed:
+            return result
         op = facts(func)
         scan = ArgumentScan()
-        signature = (op.id, scan.signature(args, op.pointwise), scan.signature(kwargs, op.pointwise))
+        masked = op.floats_keep_metadata
+        signature = (op.id, scan.signature(args, masked), scan.signature(kwargs, masked))
         if not scan.tensors and not op.returns_tensor:
             return func(*args, **kwargs)  # profiler markers and the like
         if scan.unsupported or op.boundary or op.name in STORAGE_CHANGING:
@@ -152,7 +179,16 @@ class FusionEngine:
         device = self._device_of(args, kwargs, scan)
         if device is None or scan.writes_real(op, args, kwargs):
             return self._eager(func, op, args, kwargs, scan)
-        return self._record(func, op, args, kwargs, outputs, device)
+        return self.recorder.record(func, op, args, kwargs, outputs, device)
+
+    def _reads_settled_scalar(self, tensor: Any) -> bool:
+        """Whether ``.item()`` of ``tensor`` needs nothing from the trace: a materialized value
+        no pending op writes and no group computed (an optimizer's step counter). The general
+        path would decide the same (bookkeeping, no flush), in a tenth of the time."""
+        if type(tensor) is not DeferredTensor or tensor._pending is not None or tensor._from_group:
+            return False
+        value, dirty = tensor._value, self.trace.dirty_storages
+        return value is not None and (not dirty or value.untyped_storage().data_ptr() not in dirty)
 
     def _device_of(self, args: tuple, kwargs: dict[str, Any], scan: ArgumentScan) -> torch.device | None:
         """The device the op runs on, or None when it spans devices (run those eagerly).
@@ -206,84 +242,6 @@ class FusionEngine:
             return type(out)(self._wrap_new(o, args, kwargs) for o in out)
         return out
 
-    def _record(
-        self,
-        func: torch._ops.OpOverload,
-        op: OpFacts,
-        args: tuple,
-        kwargs: dict[str, Any],
-        outputs: Any,
-        device: torch.device,
-    ) -> Any:
-        self.counts["recorded"] += 1
-        trace = self.trace
-        if trace.device is not None and trace.device != device:
-            self.flush("device change")
-            trace = self.trace
-        trace.device = device
-        if op.random:
-            state = default_generator(device).get_state()
-            if trace.rng_state is not None and not torch.equal(state, trace.rng_state):
-                self.flush("RNG state changed")  # a reseed between two recorded random ops
-                trace = self.trace
-                trace.device = device
-            if trace.rng_state is None:
-                trace.rng_state = state
-        index = len(trace.ops)
-        encoder = ArgumentEncoder(trace, func, index)
-        encode = encoder.encode
-        enc_args = tuple([encode(a, position) for position, a in enumerate(args)])
-        enc_kwargs = {k: encode(v, k) for k, v in kwargs.items()}
-        frame = user_frame(sys._getframe(1))
-        multi = isinstance(outputs, list)
-        code, line = (frame.f_code, frame.f_lineno) if frame else (None, 0)
-        key = (op.id, enc_args, tuple(enc_kwargs.items()))
-        # One append commits the op, so an interrupt (KeyboardInterrupt) never leaves half an op.
-        trace.ops.append(OpRecord(func, enc_args, enc_kwargs, multi, code, line, key))
-        trace.has_random = trace.has_random or op.random
-        if any(op.view_returns) and encoder.first_ref is not None:
-            trace.roots[index] = encoder.first_ref
-        for where in op.mutated:
-            for target in tensor_leaves(written_argument(args, kwargs, where)):
-                self._mark_written(target)
-        result = self._results(op, args, kwargs, outputs, index, multi, device)
-        if op.name in INPLACE_VIEWS:
-            restride(args[0], outputs)
-        if len(trace.ops) >= self.options.max_ops:
-            self.flush(f"max_ops={self.options.max_ops}")
-        return result
-
-    def _mark_written(self, wrapper: DeferredTensor) -> None:
-        trace = self.trace
-        if wrapper._pending is None:  # a materialized input now has pending writes
-            wrapper._pending = trace.input_ref(wrapper._value)
-            trace.touched.append(weakref.ref(wrapper))
-        trace.mark_written(wrapper._pending)
-
-    def _results(self, op, args, kwargs, outputs, index, multi, device) -> Any:
-        if outputs is None:
-            return None
-        if not multi:
-            if op.return_aliases and op.return_aliases[0] is not None:
-                return written_argument(args, kwargs, op.return_aliases[0])
-            return self._new_pending(outputs, device, ("n", index))
-        aliases = op.return_aliases if len(op.return_aliases) == len(outputs) else ()
-        results = []
-        for k, meta in enumerate(outputs):
-            alias = aliases[k] if aliases else None
-            if alias is not None:
-                results.append(written_argument(args, kwargs, alias))
-            elif meta is None:
-                results.append(None)
-            else:
-                results.append(self._new_pending(meta, device, ("n", index, k)))
-        return results if len(op.return_aliases) == 1 else tuple(results)
-
-    def _new_pending(self, meta: tuple, device: torch.device, ref: tuple) -> DeferredTensor:
-        wrapper = DeferredTensor(meta, device, self, pending=ref)
-        self.trace.touched.append(weakref.ref(wrapper))
-        return wrapper
-
     # --- materialization ----------------------------------------------------------------------
 
     def materialize(self, wrapper: DeferredTensor, reason: str) -> torch.Tensor:
@@ -325,13 +283,11 @@ class FusionEngine:
             else:
                 written.append(wrapper)
         self._check_versions(trace)
-        skeleton = GroupKey(
-            (tuple([op.key for op in trace.ops]), trace.key_metas(), tuple(outputs), trace.device)
-        )
+        skeleton = self._skeleton(trace, tuple(outputs))
         lift_dtypes = [s.dtype if s.liftable else None for s in trace.float_slots]
         variant, key, lifted, repeat = self.cache.variant(skeleton, trace.floats, lift_dtypes)
         why, first_sighting = None, variant is None
-        if first_sighting or variant.state == "seen":  # hits skip the family bookkeeping below
+        if first_sighting or variant.state is VariantState.SEEN:  # hits skip the family bookkeeping below
             family = hash(tuple([op.key[0] for op in trace.ops]))  # the op sequence, shapes aside
         if variant is None:
             variant = Variant(lifted=lifted)
@@ -341,10 +297,10 @@ class FusionEngine:
             elif lifted:
                 why = f"{len(lifted)} Python float(s) began to vary: now graph inputs"
             if not self.options.compile:
-                variant.state, variant.error = "failed", "compilation off"
+                variant.state, variant.error = VariantState.FAILED, "compilation off"
             self.cache.add(skeleton, key, variant)
         variant.sightings += 1
-        if variant.state == "seen" and self._worth_compiling(variant, family, repeat):
+        if variant.state is VariantState.SEEN and self._worth_compiling(variant, family, repeat):
             if self.cache.count_family(family) == STORM_VARIANTS:
                 warn_storm(trace, STORM_VARIANTS)
             self._schedule(trace, outputs, variant, name=short_hash(skeleton, key))
@@ -361,8 +317,24 @@ class FusionEngine:
         self._publish_group(trace, reason, where, status, variant, key, skeleton, started, why)
         self.cache.emit_warnings()
 
+    def _skeleton(self, trace: Trace, outputs: tuple) -> GroupKey:
+        """The group's structural key. A trace that followed a known sequence to a known end
+        finds it there (its ops are the sequence's, so only inputs and outputs are compared);
+        others hash every op, and their sequence becomes known."""
+        metas = trace.key_metas()
+        end = self.recorder.known.extend(trace)
+        found = end.ends.get((metas, outputs)) if end is not None and end.ends is not None else None
+        if found is not None:
+            return found
+        skeleton = GroupKey((tuple([op.key for op in trace.ops]), metas, outputs, trace.device))
+        if end is not None:
+            end.ends = end.ends if end.ends is not None else {}
+            if len(end.ends) < MAX_ENDS:
+                end.ends[(metas, outputs)] = skeleton
+        return skeleton
+
     def _run(self, trace: Trace, outputs: list, variant: Variant) -> list[torch.Tensor]:
-        if variant.state == "ready":
+        if variant.state is VariantState.READY:
             args = list(trace.inputs)
             if variant.lifted:
                 scalars = [
@@ -388,7 +360,7 @@ class FusionEngine:
         return self.options.sync_compile or repeat
 
     def _schedule(self, trace: Trace, outputs: list, variant: Variant, name: str) -> None:
-        slot_places = {(s.op, s.where): i for i, s in enumerate(trace.float_slots)}
+        slot_places = {s.place: i for i, s in enumerate(trace.float_slots)}
         examples = [t.detach() for t in trace.inputs]
         if variant.lifted:
             examples.append(torch.zeros(len(variant.lifted), dtype=torch.float64, device=trace.device))
@@ -444,7 +416,7 @@ class FusionEngine:
             self._publish(
                 CompileDone(
                     key=name,
-                    ok=variant.state == "ready",
+                    ok=variant.state is VariantState.READY,
                     compile_ms=variant.compile_ms or 0.0,
                     error=variant.error,
                 )
@@ -460,7 +432,15 @@ class FusionEngine:
 
 
 #: How a group ran, by its variant's state; all but "hit" replay op by op.
-STATUS_OF = {"ready": "hit", "seen": "eager", "compiling": "compiling", "failed": "eager"}
+STATUS_OF = {
+    VariantState.READY: "hit",
+    VariantState.SEEN: "eager",
+    VariantState.COMPILING: "compiling",
+    VariantState.FAILED: "eager",
+}
+
+#: ``.item()``, ``bool()`` and friends reach the engine as this op.
+READ_SCALAR = torch.ops.aten._local_scalar_dense.default
 
 #: Sightings after which a shape compiles even during a recompile storm.
 HOT_SIGHTINGS = 3

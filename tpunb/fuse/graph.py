@@ -184,6 +184,38 @@ LIFT_RULES.update(
 )
 
 
+def _foreach(per_tensor: Rewrite) -> Rewrite:
+    """A foreach op (``_foreach_div_(tensors, scalars)``) as one ``per_tensor`` rewrite per list
+    element, each with its own scalar (a ScalarList) or the one scalar (a Scalar). Optimizers'
+    foreach paths take per-step floats (Adam's bias corrections) this way."""
+
+    def rewrite(graph, args, kwargs, scalar):
+        nodes = []
+        for k in range(len(args[0])):
+            element = [a[k] if isinstance(a, list) else a for a in args]
+            own = scalar[k] if isinstance(scalar, list) else scalar
+            nodes.append(per_tensor(graph, element, kwargs, own))
+        return nodes
+
+    return rewrite
+
+
+for _name in ("add", "sub", "mul", "div"):
+    for _suffix in ("", "_"):
+        _packet = getattr(aten, f"_foreach_{_name}{_suffix}")
+        _per_tensor = _substitute(getattr(aten, _name + _suffix).Tensor, 1)
+        LIFT_RULES[(_packet.ScalarList, 1)] = _foreach(_per_tensor)
+        LIFT_RULES[(_packet.Scalar, 1)] = _foreach(_per_tensor)
+        if _name in ("add", "sub"):
+            LIFT_RULES[(_packet.List, "alpha")] = _foreach(_alpha(getattr(aten, _name + _suffix).Tensor))
+for _name, _combine in (("addcdiv", aten.div.Tensor), ("addcmul", aten.mul.Tensor)):
+    for _suffix, _add in (("", aten.add.Tensor), ("_", aten.add_.Tensor)):
+        _packet = getattr(aten, f"_foreach_{_name}{_suffix}")
+        LIFT_RULES[(_packet.ScalarList, 3)] = _foreach(_addc(_add, _combine))
+        LIFT_RULES[(_packet.Scalar, 3)] = _foreach(_addc(_add, _combine))
+LIFT_RULES[(aten._foreach_lerp_.Scalar, 2)] = _foreach(_substitute(aten.lerp_.Tensor, 2))
+
+
 def liftable(func: Any, where: int | str, dtype: torch.dtype | None) -> bool:
     """Whether a float argument can become a graph input (its op has a Tensor form)."""
     return dtype in (torch.float32, torch.float64) and (func, where) in LIFT_RULES
@@ -197,25 +229,45 @@ def build_graph(
     input_count: int,
     floats: Sequence[float],
     lifted: dict[int, tuple[int, torch.dtype]],
-    slot_places: dict[tuple[int, int | str], int],
+    slot_places: dict[tuple, int],
     outputs: Sequence[Ref],
 ) -> fx.GraphModule:
     """An FX graph of the recorded aten ops.
 
     ``lifted`` maps a float slot to (its index in the scalars vector, the dtype to compute in);
-    ``slot_places`` maps (op index, argument) to the float slot recorded there. With lifted
+    ``slot_places`` maps (op index, argument) to the float slot recorded there ((op index,
+    argument, item) inside a list argument). With lifted
     slots the graph takes one more input, the float64 scalars vector.
     """
     graph = fx.Graph()
     inputs = [graph.placeholder(f"in{i}") for i in range(input_count)]
     scalars = graph.placeholder("scalars") if lifted else None
-    env: list[fx.Node] = []
+    env: list[fx.Node | list[fx.Node]] = []
     items: dict[tuple[int, int], fx.Node] = {}
 
-    def item(ref: tuple, node: fx.Node) -> fx.Node:
+    def item(ref: tuple, node: fx.Node | list[fx.Node]) -> fx.Node:
+        if type(node) is list:  # a foreach op written out per element
+            return node[ref[2]]
         if ref[1:] not in items:
             items[ref[1:]] = graph.call_function(operator.getitem, (node, ref[2]))
         return items[ref[1:]]
+
+    def lifted_scalar(slot: int) -> fx.Node:
+        position, dtype = lifted[slot]
+        scalar = _call(graph, aten.select.int, scalars, 0, position)
+        return _call(graph, aten._to_copy.default, scalar, dtype=dtype)
+
+    def lifted_list(index: int, where: int | str, values: list) -> list[fx.Node] | None:
+        """A list argument (a foreach op's scalars) with lifted elements: each element as a
+        0-dim tensor, lifted or constant; None when none is lifted."""
+        slots = [slot_places.get((index, where, k)) for k in range(len(values))]
+        dtypes = [lifted[s][1] for s in slots if s in lifted]
+        if not dtypes:
+            return None
+        return [
+            lifted_scalar(s) if s in lifted else _call(graph, aten.scalar_tensor.default, v, dtype=dtypes[0])
+            for s, v in zip(slots, values, strict=True)
+        ]
 
     lookup = _lookup(inputs, floats, env, item)
     last_fill: fx.Node | None = None
@@ -239,11 +291,13 @@ def build_graph(
         node = None
         for where in (*range(len(op.args)), *op.kwargs):
             slot = slot_places.get((index, where))
-            if slot is None or slot not in lifted:
+            value = args[where] if isinstance(where, int) else kwargs[where]
+            if slot in lifted:
+                scalar = lifted_scalar(slot)
+            elif type(value) is list and (scalar := lifted_list(index, where, value)) is not None:
+                pass
+            else:
                 continue
-            position, dtype = lifted[slot]
-            scalar = _call(graph, aten.select.int, scalars, 0, position)
-            scalar = _call(graph, aten._to_copy.default, scalar, dtype=dtype)
             node = LIFT_RULES[(op.func, where)](graph, args, kwargs, scalar)
             break
         env.append(node if node is not None else graph.call_function(op.func, tuple(args), kwargs))

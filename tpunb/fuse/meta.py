@@ -47,6 +47,9 @@ def _describe_outputs(out: Any) -> Any:
     raise NotDeferrable(f"returns a {type(out).__name__}")
 
 
+_MISSING = object()
+
+
 class MetaCache:
     """(op, signature) -> output metadata (a TensorMeta, or a tuple of them)."""
 
@@ -67,8 +70,8 @@ class MetaCache:
     ) -> Any:
         """Output metadata for ``func(*args, **kwargs)``; ``metas`` maps id(tensor) -> meta."""
         if key is not None:
-            found = self._cache.get(key)
-            if found is not None:
+            found = self._cache.get(key, _MISSING)
+            if found is not _MISSING:  # None is a cached answer too: in-place foreach ops return nothing
                 return found
         meta_args = _to_meta(args, metas)
         meta_kwargs = {k: _to_meta(v, metas) for k, v in kwargs.items()}

@@ -22,6 +22,7 @@ class OpFacts:
     view_only: bool  # every return is a view and nothing is written: metadata only
     returns_tensor: bool  # any Tensor / Tensor[] return
     pointwise: bool
+    floats_keep_metadata: bool  # its float arguments never change its outputs' shape or dtype
     random: bool
     has_device_arg: bool
     argument_names: tuple[str, ...]
@@ -83,6 +84,8 @@ def _compute(func: torch._ops.OpOverload, op_id: int) -> OpFacts:
         view_only=bool(view_returns) and all(view_returns) and not mutated,
         returns_tensor=any(_is_tensor_type(r.type) for r in schema.returns),
         pointwise=torch.Tag.pointwise in tags,
+        # pointwise ops, and foreach ops (an optimizer's per-step scalars in a list)
+        floats_keep_metadata=torch.Tag.pointwise in tags or func.__name__.startswith("_foreach_"),
         random=torch.Tag.nondeterministic_seeded in tags,
         has_device_arg=any(a.name == "device" for a in arguments),
         argument_names=tuple(a.name for a in arguments),

@@ -30,7 +30,7 @@ class ArgumentScan:
         self.unsupported = False  # a generator argument, or a sparse/nested tensor: run eagerly
         self.hashable = True
 
-    def signature(self, value: Any, pointwise: bool) -> Any:
+    def signature(self, value: Any, mask_floats: bool) -> Any:
         if isinstance(value, torch.Tensor):
             if isinstance(value, DeferredTensor):
                 self.wrapped = True
@@ -50,11 +50,11 @@ class ArgumentScan:
                 self.devices.add(value.device)
             return meta
         if type(value) is float:
-            return "float" if pointwise else value
+            return "float" if mask_floats else value
         if isinstance(value, (list, tuple)):
-            return tuple([self.signature(v, pointwise) for v in value])
+            return tuple([self.signature(v, mask_floats) for v in value])
         if isinstance(value, dict):
-            return tuple([(k, self.signature(v, pointwise)) for k, v in value.items()])
+            return tuple([(k, self.signature(v, mask_floats)) for k, v in value.items()])
         if isinstance(value, torch.Generator):
             self.unsupported = True
         elif not isinstance(
@@ -108,7 +108,8 @@ class ArgumentEncoder:
         self.first_ref: tuple | None = None
         self.first_dtype: torch.dtype | None = None
 
-    def encode(self, value: Any, where: int | str, nested: bool = False) -> Any:
+    def encode(self, value: Any, where: int | str, item: int | None = None, depth: int = 0) -> Any:
+        """``item`` is the value's place in a list argument; ``depth`` how deep the lists go."""
         if isinstance(value, torch.Tensor):
             ref = self._tensor_ref(value)
             if self.first_ref is None:
@@ -118,11 +119,11 @@ class ArgumentEncoder:
             trace = self.trace
             slot = len(trace.floats)
             trace.floats.append(value)
-            can_lift = not nested and liftable(self.func, where, self._dtype_for_lift())
-            trace.float_slots.append(FloatSlot(self.index, where, can_lift, self._dtype_for_lift()))
+            can_lift = depth <= 1 and liftable(self.func, where, self._dtype_for_lift())
+            trace.float_slots.append(FloatSlot(self.index, where, can_lift, self._dtype_for_lift(), item))
             return ("f", slot)
         if isinstance(value, (list, tuple)):
-            return tuple(self.encode(v, where, nested=True) for v in value)
+            return tuple(self.encode(v, where, k, depth + 1) for k, v in enumerate(value))
         return value
 
     def _dtype_for_lift(self) -> torch.dtype | None:
@@ -131,7 +132,7 @@ class ArgumentEncoder:
     def _tensor_ref(self, value: torch.Tensor) -> tuple:
         if isinstance(value, DeferredTensor):
             check_not_failed(value)
-            return value._pending if value._pending is not None else self.trace.input_ref(value._value)
+            return value._pending if value._pending is not None else self.trace.input_ref(value._value, True)
         return self.trace.input_ref(value)
 
 

@@ -35,6 +35,7 @@ class OpRecord:
     code: CodeType | None  # the user's frame that issued it (code + line, not the frame)
     line: int
     key: tuple  # (func, encoded args, encoded kwargs): this op's part of the group's key
+    outputs: Any = None  # the outputs' metadata (meta inference's answer), handed out again on replay
 
 
 @dataclass(slots=True)
@@ -45,6 +46,12 @@ class FloatSlot:
     where: int | str  # argument position or kwarg name
     liftable: bool
     dtype: torch.dtype | None  # the dtype the op computes in (what a lifted value is cast to)
+    item: int | None = None  # its place in a list argument (a foreach op's scalars), else None
+
+    @property
+    def place(self) -> tuple:
+        """(op, argument) or, inside a list argument, (op, argument, item)."""
+        return (self.op, self.where) if self.item is None else (self.op, self.where, self.item)
 
 
 @dataclass
@@ -54,6 +61,7 @@ class Trace:
     inputs: list[torch.Tensor] = field(default_factory=list)
     input_metas: list[tuple] = field(default_factory=list)
     input_versions: list[int] = field(default_factory=list)
+    input_wrapped: list[bool] = field(default_factory=list)  # read through a DeferredTensor (not plain)
     input_storages: dict[int, int] = field(default_factory=dict)  # storage ptr -> alias class
     floats: list[float] = field(default_factory=list)
     float_slots: list[FloatSlot] = field(default_factory=list)
@@ -63,10 +71,15 @@ class Trace:
     dirty_storages: set[int] = field(default_factory=set)  # input storages written in place
     has_random: bool = False
     rng_state: torch.Tensor | None = None  # the generator's state when the first random op was recorded
+    # Where the ops follow a known sequence (record.py): the last known step they matched
+    # (None: none yet), and how many ops matched before the first new one (all, while on it).
+    at: Any = None
+    matched: int = 0
     _input_index: dict[int, int] = field(default_factory=dict)
 
-    def input_ref(self, tensor: torch.Tensor) -> Ref:
-        """The reference for a real tensor read by the group (registered once per object)."""
+    def input_ref(self, tensor: torch.Tensor, wrapped: bool = False) -> Ref:
+        """The reference for a real tensor read by the group (registered once per object);
+        ``wrapped``: it was read through one of the engine's DeferredTensors."""
         index = self._input_index.get(id(tensor))
         if index is None:
             index = len(self.inputs)
@@ -76,7 +89,16 @@ class Trace:
             self.inputs.append(tensor)
             self.input_metas.append((*tensor_meta(tensor), alias_class))
             self.input_versions.append(tensor._version)
+            self.input_wrapped.append(wrapped)
         return ("i", index)
+
+    def input_index(self, tensor: torch.Tensor) -> int | None:
+        return self._input_index.get(id(tensor))
+
+    @property
+    def on_known_path(self) -> bool:
+        """Whether every op so far matched a known sequence."""
+        return self.matched == len(self.ops)
 
     def root_of(self, ref: Ref) -> Ref:
         """What a ref ultimately views: an input, or the op that made the storage."""

@@ -1,0 +1,74 @@
+"""The compile worker: one background thread that compiles fused groups.
+
+A group compiles on its second sighting while the notebook keeps running: the main thread
+replays the group op by op meanwhile. One worker (compiles are seconds of CPU each, and
+Inductor's state is process-wide) that takes Dynamo's compile lock, and shortens the
+interpreter's thread switch interval while it works so replay on the main thread keeps pace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from tpunb.fuse.workarounds import run_compiled_calls_beside_worker_traces, trace_inductor_helpers_here
+
+
+class CompileWorker:
+    """Runs compile jobs one at a time on a thread started on first use."""
+
+    def __init__(self) -> None:
+        self._executor: ThreadPoolExecutor | None = None
+
+    def submit(self, job: Callable[[], None], wait: bool) -> Future:
+        if self._executor is None:
+            trace_inductor_helpers_here()
+            run_compiled_calls_beside_worker_traces()
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpunb-compile")
+        future = self._executor.submit(self._run, job)
+        if wait:
+            future.result()
+        return future
+
+    @staticmethod
+    def _run(job: Callable[[], None]) -> None:
+        with quick_thread_switches(), one_compiler_at_a_time():
+            job()
+
+    def wait_idle(self) -> None:
+        """Block until queued jobs finish (tests and benchmarks)."""
+        if self._executor is not None:
+            self._executor.submit(lambda: None).result()
+
+
+def one_compiler_at_a_time() -> contextlib.AbstractContextManager[Any]:
+    """Dynamo's own compile lock, held while the worker compiles a group: Dynamo converting a
+    frame on the main thread (a compile-mode cell, ``tpunb.compile``) and Inductor compiling a
+    group share compiler state and process-wide config, so they take turns. A torch without
+    the lock (another layout) gets none, as before."""
+    from torch._dynamo import convert_frame
+
+    lock = getattr(convert_frame, "compile_lock", None)
+    return lock if lock is not None else contextlib.nullcontext()
+
+
+#: The interpreter's thread switch interval while a background compile runs (default 5 ms).
+COMPILE_SWITCH_INTERVAL_S = 0.0002
+
+
+@contextlib.contextmanager
+def quick_thread_switches() -> Iterator[None]:
+    """While the worker compiles, the main thread keeps replaying groups: thousands of small
+    ops, each releasing the GIL inside its kernel and then waiting to get it back. With the
+    default 5 ms switch interval the compiling thread keeps the GIL for up to 5 ms each time
+    (a convoy); a short interval bounds that wait. Measured on a 135M-parameter LoRA step
+    replayed during compiles: about 14 s per step at 5 ms, about 10 s at 0.2 ms."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
