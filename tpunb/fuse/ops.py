@@ -2,7 +2,7 @@
 
 Schema walks cost microseconds; the engine records an op in a few, so everything it asks
 of a schema (which arguments it writes, which returns alias which argument, whether it is
-pointwise or random) is read once here and cached by overload.
+whether its floats shape its outputs, whether it is random) is read once here and cached by overload.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ class OpFacts:
     view_returns: tuple[bool, ...]  # per return: a view of an input (non-writing alias)
     view_only: bool  # every return is a view and nothing is written: metadata only
     returns_tensor: bool  # any Tensor / Tensor[] return
-    pointwise: bool
     floats_keep_metadata: bool  # its float arguments never change its outputs' shape or dtype
     random: bool
     has_device_arg: bool
@@ -83,7 +82,6 @@ def _compute(func: torch._ops.OpOverload, op_id: int) -> OpFacts:
         view_returns=tuple(view_returns),
         view_only=bool(view_returns) and all(view_returns) and not mutated,
         returns_tensor=any(_is_tensor_type(r.type) for r in schema.returns),
-        pointwise=torch.Tag.pointwise in tags,
         # pointwise ops, and foreach ops (an optimizer's per-step scalars in a list)
         floats_keep_metadata=torch.Tag.pointwise in tags or func.__name__.startswith("_foreach_"),
         random=torch.Tag.nondeterministic_seeded in tags,
