@@ -1,12 +1,21 @@
-"""Adoption: existing parameters, buffers and optimizer state become deferred-capable in place."""
+"""Adoption: parameters, buffers and optimizer state become deferred-capable in place.
+
+A fused cell adopts the notebook's modules and optimizers before it runs; while it runs,
+modules called and optimizers stepped for the first time (made inside library code: an HF
+``Trainer``'s optimizer, a model built in the user's ``train()``) are adopted as they first
+run, so their updates fuse into the step too.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import _disable_current_modes
 
 from tpunb.fuse.deferred import DeferredTensor
 
@@ -28,15 +37,22 @@ def tensors_of(objects: tuple[Any, ...]) -> Iterator[torch.Tensor]:
             yield obj
 
 
+def adoptable(tensor: torch.Tensor, engine: FusionEngine) -> bool:
+    """A plain leaf tensor on the engine's device (not adopted yet)."""
+    return (
+        type(tensor) in (torch.Tensor, torch.nn.Parameter)
+        and tensor.device == engine.device
+        and tensor.is_leaf
+    )
+
+
 def adopt_tensor(tensor: torch.Tensor, engine: FusionEngine) -> int:
     """Swap ``tensor``'s contents for a materialized DeferredTensor (same Python object).
 
     Returns 1 when adopted, 0 when it stays as it is: already adopted, another device, not a
     leaf, or referenced from C++ (an autograd graph) or weakly, where a swap is refused.
     """
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.device != engine.device:
-        return 0
-    if not tensor.is_leaf:
+    if not adoptable(tensor, engine):
         return 0
     wrapper = DeferredTensor.wrap(tensor.detach(), engine)
     if isinstance(tensor, torch.nn.Parameter):
@@ -52,33 +68,86 @@ def adopt_tensor(tensor: torch.Tensor, engine: FusionEngine) -> int:
     return 1
 
 
-@contextlib.contextmanager
-def foreach_updates(objects: tuple[Any, ...]) -> Iterator[None]:
-    """Optimizers left to choose their implementation (``foreach=None``) use the foreach one
-    while the block runs, and choose again afterwards.
+class Adoption:
+    """What one engine adopted, and adopting more while its fused scopes run."""
 
-    On the CPU PyTorch picks the per-parameter for-loop, about a dozen small ops per parameter
-    and step; recorded, each costs the engine's per-op bookkeeping, while the foreach form
-    issues a handful of ops per step for all parameters, and compiles to the same fused
-    kernels. The numbers agree to float32 rounding (the model suite checks them against
-    strict mode). An explicit ``foreach=False`` (or ``fused=True``, ``differentiable=True``)
-    is kept.
-    """
-    switched = []
-    for obj in objects:
-        if not isinstance(obj, torch.optim.Optimizer):
-            continue
-        for group in obj.param_groups:
-            if (
-                "foreach" in group
-                and group["foreach"] is None
-                and not group.get("fused")
-                and not group.get("differentiable")
-            ):
+    def __init__(self, engine: FusionEngine) -> None:
+        self.engine = engine
+        self.modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        # param groups switched to foreach in this scope, with their own foreach and fused settings
+        self._switched: list[tuple[dict[str, Any], bool | None, bool | None]] = []
+        self._active = False
+
+    def adopt(self, objects: tuple[Any, ...]) -> int:
+        """Adopt ``objects`` (modules, optimizers, tensors); returns how many tensors were swapped."""
+        for obj in objects:
+            if isinstance(obj, torch.nn.Module):
+                self.modules.update(obj.modules())
+            elif isinstance(obj, torch.optim.Optimizer):
+                self.optimizers.add(obj)
+                if self._active:
+                    self._use_foreach(obj)
+        return sum(adopt_tensor(tensor, self.engine) for tensor in tensors_of(objects))
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """For a fused scope: adopted optimizers use their foreach form; a module called or an
+        optimizer stepped for the first time is adopted just before it runs."""
+        self._active = True
+        for optimizer in list(self.optimizers):
+            self._use_foreach(optimizer)
+        hooks = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._on_module_call),
+            register_optimizer_step_pre_hook(self._on_step),
+        ]
+        try:
+            yield
+        finally:
+            self._active = False
+            for hook in hooks:
+                hook.remove()
+            for group, foreach, fused in self._switched:
+                group["foreach"] = foreach
+                if fused is not None:
+                    group["fused"] = fused
+            self._switched = []
+
+    def _on_module_call(self, module: torch.nn.Module, args: Any) -> None:
+        if module not in self.modules:
+            self._adopt_new(module)
+
+    def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if optimizer not in self.optimizers:
+            self._adopt_new(optimizer)
+
+    def _adopt_new(self, obj: Any) -> None:
+        """Adopting swaps tensors the current trace may read: flush it first (once per object,
+        on its first call, so steady steps are not cut)."""
+        engine = self.engine
+        if engine.trace.ops and any(adoptable(t, engine) for t in tensors_of((obj,))):
+            engine.flush(f"adopting a new {type(obj).__name__}")
+        with engine.interrupts, _disable_current_modes():
+            self.adopt((obj,))
+
+    def _use_foreach(self, optimizer: torch.optim.Optimizer) -> None:
+        """In fused scopes an optimizer left to choose (``foreach=None``) or set to its fused
+        kernel (``fused=True``, the HF Trainer's CPU default) runs its foreach form.
+
+        On the CPU PyTorch picks the per-parameter for-loop, about a dozen small ops per
+        parameter and step; recorded, each costs the engine's per-op bookkeeping, while the
+        foreach form issues a handful of ops per step for all parameters, which the engine
+        fuses itself. The fused kernel (``_fused_adamw_``) takes the learning rate as a
+        Python float that Inductor cannot make a graph input (its ``tensor_lr`` form has no
+        meta kernel), so an LR schedule would recompile every step. The numbers agree to
+        float32 rounding (the model suite and tests/unit/test_fuse_models.py check them
+        against strict mode). An explicit ``foreach=False`` or ``differentiable=True`` is kept.
+        """
+        for group in optimizer.param_groups:
+            if "foreach" not in group or group["foreach"] is False or group.get("differentiable"):
+                continue
+            if group["foreach"] is None or group.get("fused"):
+                self._switched.append((group, group["foreach"], group.get("fused")))
                 group["foreach"] = True
-                switched.append(group)
-    try:
-        yield
-    finally:
-        for group in switched:
-            group["foreach"] = None
+                if group.get("fused"):
+                    group["fused"] = False

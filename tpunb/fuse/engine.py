@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-import weakref
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from tpunb.events import CompileDone, FusionGroup
-from tpunb.fuse.adopt import adopt_tensor, foreach_updates, tensors_of
+from tpunb.fuse.adopt import Adoption
 from tpunb.fuse.cache import (
     STORM_VARIANTS,
     GraphCache,
@@ -106,7 +105,7 @@ class FusionEngine:
         # ops, by how they ran: recorded the new way, followed a known sequence, run eagerly
         self.counts = {"recorded": 0, "followed": 0, "eager": 0, "bookkeeping": 0}
         self.recorder = Recorder(self, self.flush)
-        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # adopted ones
+        self.adoption = Adoption(self)
         self.interrupts = InterruptGuard()
 
     # --- scopes -----------------------------------------------------------------------------
@@ -118,7 +117,7 @@ class FusionEngine:
         with self.interrupts.installed():
             try:
                 self.adopt(*adopt)
-                with foreach_updates(tuple(self._optimizers)), FuseMode(self):
+                with self.adoption.active(), FuseMode(self):
                     yield
             finally:
                 try:
@@ -133,9 +132,8 @@ class FusionEngine:
         by a module, an optimizer or the user stay valid; updates to them then fuse instead
         of forcing a flush. Returns how many tensors were adopted.
         """
-        self._optimizers.update(o for o in objects if isinstance(o, torch.optim.Optimizer))
         with self.interrupts:
-            return sum(adopt_tensor(tensor, self) for tensor in tensors_of(objects))
+            return self.adoption.adopt(objects)
 
     # --- per op -----------------------------------------------------------------------------
 
