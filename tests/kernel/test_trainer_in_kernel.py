@@ -56,5 +56,7 @@ def test_trainer_train_in_a_fused_cell_fuses_each_step(kernel):
     state = "next(iter(last_trainer.optimizer.state.values()))['exp_avg']"
     assert kernel.value(adopted.format(state)) == ["DeferredTensor", "DeferredTensor"]
     statuses = [g["status"] for g in steps]
-    assert statuses[-6:].count("hit") >= 5, [(g["status"], g["ops"], g["lifted"], g["miss_reason"]) for g in steps]  # warm: the steady step hits its compiled group
+    # warm: the steady step hits its compiled group
+    described = [(g["status"], g["ops"], g["lifted"], g["miss_reason"]) for g in steps]
+    assert statuses[-6:].count("hit") >= 5, described
     assert max(g["lifted"] for g in steps) > 0  # the schedule's LR and the bias corrections ride as inputs

@@ -63,10 +63,17 @@ def _layout(t: torch.Tensor) -> tuple:
     return tuple(t.shape), strides, t.dtype
 
 
+def _bits(t: torch.Tensor) -> tuple[bool, bool]:
+    """The conjugate and negative bits: assert_close compares values, not these, yet they
+    decide what later ops compute."""
+    return t.is_conj(), t.is_neg()
+
+
 def _materialize(value):
     def real(v):
         if isinstance(v, DeferredTensor):
             assert _layout(v) == _layout(v.real()), "recorded metadata differs from the value's"
+            assert _bits(v) == _bits(v.real()), "the wrapper's conj/neg bits differ from its value's"
             return v.real()
         return v
 
@@ -100,6 +107,8 @@ def test_fused_equals_strict(op):
             assert tree_flatten(got)[1] == tree_flatten(expected)[1]
             continue
         torch.testing.assert_close(got, expected, equal_nan=True, rtol=1e-5, atol=1e-5)
+        bits = lambda out: [_bits(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]  # noqa: E731
+        assert bits(got) == bits(expected), "conj/neg bits differ from strict mode's"
 
 
 def test_report_deferred_pass_rate():

@@ -275,3 +275,32 @@ def test_interrupting_a_fused_loop_leaves_finished_steps_and_a_working_engine(en
     assert engine.trace.ops == []
     with engine.scope(REPLAY):
         assert (model.weight * 0).sum().item() == 0.0
+
+
+def test_conjugate_views_keep_their_values(engine):
+    """ifft and .conj() return conjugate views (a bit, not new data). A wrapper cannot carry
+    the bit, so they run eagerly and stay plain; recorded, later ops read the raw values
+    wherever PyTorch's conjugate fallback does not run (a flush from inside dispatch, the
+    eager path, ops on the result after the scope)."""
+    x = torch.randn(4, 6)
+    c = torch.randn(3, 4, dtype=torch.complex64)
+    with engine.scope(REPLAY):
+        y = torch.fft.ifft(x.clone())
+        z = y * 2
+        assert torch.ones(1).nonzero().numel() == 1  # runs eagerly: flushes from inside dispatch
+        d = c.clone().conj()
+        picked = torch.masked_select(d, torch.ones(d.shape, dtype=torch.bool))  # eager
+    torch.testing.assert_close(z.real(), torch.fft.ifft(x) * 2)
+    torch.testing.assert_close(picked, c.conj().flatten())
+    torch.testing.assert_close(y + 0, torch.fft.ifft(x))
+    assert y.is_conj() and d.is_conj()
+
+
+def test_a_plain_negative_view_is_not_fed_to_compiled_code(engine):
+    x = torch.randn(3, 3, dtype=torch.complex64)
+    same_layout = torch.randn(3, 3, dtype=torch.complex64).imag
+    negative = x.conj().imag  # a float32 view with the negative bit: compiled code would drop it
+    for a in (same_layout, same_layout, negative):
+        with engine.scope(FuseOptions(sync_compile=True)):
+            y = a.clone() * 2
+        torch.testing.assert_close(y.real() if isinstance(y, DeferredTensor) else y, a * 2)

@@ -38,11 +38,14 @@ def tensors_of(objects: tuple[Any, ...]) -> Iterator[torch.Tensor]:
 
 
 def adoptable(tensor: torch.Tensor, engine: FusionEngine) -> bool:
-    """A plain leaf tensor on the engine's device (not adopted yet)."""
+    """A plain leaf tensor on the engine's device (not adopted yet), and no conjugate or
+    negative view (a wrapper cannot carry the bit)."""
     return (
         type(tensor) in (torch.Tensor, torch.nn.Parameter)
         and tensor.device == engine.device
         and tensor.is_leaf
+        and not tensor.is_conj()
+        and not tensor.is_neg()
     )
 
 

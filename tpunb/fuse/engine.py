@@ -234,7 +234,14 @@ class FusionEngine:
         if isinstance(out, DeferredTensor) or is_argument(out, args, kwargs):
             return out
         if isinstance(out, torch.Tensor):
-            plain = out.device != self.device or out.layout != torch.strided or out.is_nested
+            # conjugate and negative views stay plain: a wrapper would drop their bit (meta.py)
+            plain = (
+                out.device != self.device
+                or out.layout != torch.strided
+                or out.is_nested
+                or out.is_conj()
+                or out.is_neg()
+            )
             return out if plain else DeferredTensor.wrap(out, self)
         if isinstance(out, (list, tuple)):
             return type(out)(self._wrap_new(o, args, kwargs) for o in out)

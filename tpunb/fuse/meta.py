@@ -39,6 +39,10 @@ def _describe_outputs(out: Any) -> Any:
     if isinstance(out, torch.Tensor):
         if out.layout != torch.strided or out.is_nested:
             raise NotDeferrable(f"returns a {out.layout} tensor")
+        if out.is_conj() or out.is_neg():
+            # A conjugate or negative view (``_conj``, ``_neg_view``): a DeferredTensor cannot
+            # carry the bit, and without it later ops would read the raw, unconjugated values.
+            raise NotDeferrable("returns a conjugate or negative view")
         return (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype)
     if isinstance(out, (list, tuple)):  # a list marks several outputs (a TensorMeta is a tuple)
         return [_describe_outputs(o) for o in out]

@@ -115,8 +115,8 @@ class _Matching:
                 return value._pending == pattern.ref
             real, meta = value._value, value._meta
         else:
-            if pattern.wrapped or not isinstance(value, torch.Tensor):
-                return False
+            if pattern.wrapped or not isinstance(value, torch.Tensor) or value.is_conj() or value.is_neg():
+                return False  # a conjugate/negative view runs eagerly (scan.py), never as a step
             real, meta = value, tensor_meta(value)
         if meta != pattern.meta or real.device != pattern.device:
             return False

@@ -27,7 +27,8 @@ class ArgumentScan:
         self.pending = False
         self.wrapped = False  # any argument is one of the engine's tensors (pending or not)
         self.all_scalar = True
-        self.unsupported = False  # a generator argument, or a sparse/nested tensor: run eagerly
+        # a generator argument, a sparse/nested tensor, or a conjugate/negative view: run eagerly
+        self.unsupported = False
         self.hashable = True
 
     def signature(self, value: Any, mask_floats: bool) -> Any:
@@ -37,7 +38,9 @@ class ArgumentScan:
                 meta = value._meta
                 if value._pending is not None or value._error is not None:
                     self.pending = True
-            elif value.layout != torch.strided or value.is_nested:
+            elif value.layout != torch.strided or value.is_nested or value.is_conj() or value.is_neg():
+                # conj/neg bits are not in a TensorMeta (nor in a group's key), and compiled code
+                # reads the raw memory: an op that gets such a view runs eagerly
                 self.unsupported = True
                 self.tensors.append(value)
                 return id(value)
