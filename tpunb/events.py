@@ -58,6 +58,7 @@ class CellRun(Record):
     compiled_graphs: int = 0  # compile mode: new graphs and graph breaks in the cell
     graph_breaks: int = 0
     recompiles: str | None = None  # compile mode: why it recompiled, in words
+    slower: str | None = None  # fused mode: why its groups cost more than running their ops would
     counters: dict[str, float] = field(default_factory=dict)  # runtime counters that moved
 
 
@@ -77,6 +78,8 @@ class FusionGroup(Record):
     run_ms: float
     lifted: int  # floats fed as inputs instead of baked in
     miss_reason: str | None = None  # on a miss: what differs from the last group of the same ops
+    capture_ms: float = 0.0  # the engine's time recording its ops, before it ran
+    eager_ms: float | None = None  # its ops run one by one, when it last replayed (strict's cost)
 
 
 @dataclass(frozen=True)

@@ -72,4 +72,5 @@ def cell_summary(record: CellRun) -> str:
         parts.append(f"cache {record.cache_hits} hit / {record.cache_misses} miss")
     if record.error:
         parts.append(f"failed: {record.error}")
-    return " · ".join(parts)
+    line = " · ".join(parts)
+    return f"{line}\n[tpunb] {record.slower}" if record.slower else line

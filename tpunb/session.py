@@ -18,6 +18,7 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from typing import Any
 
+from tpunb.advice import fused_slower
 from tpunb.cellcompile import CellCompiler
 from tpunb.events import CellRun, EventBus, ModeChange
 from tpunb.modes import Mode, ModeConfig
@@ -167,12 +168,13 @@ class Session:
         runs = self.bus.count("compiled") - cell.compiled_before
         compiled = self.bus.recent("compiled", runs) if runs else []
         counters = _changes(cell.counters_before, self.runtime.counters())
+        groups = self.bus.count("group") - cell.groups_before
         record = CellRun(
             cell=cell.number,
             mode=_summary_mode(cell.modes),
             wall_s=time.perf_counter() - cell.started,
             peak_bytes=memory.peak if memory is not None else None,
-            groups=self.bus.count("group") - cell.groups_before,
+            groups=groups,
             cache_hits=cache.hits - cell.cache_before.hits,
             cache_misses=cache.misses - cell.cache_before.misses,
             error=type(error).__name__ if error is not None else None,
@@ -180,6 +182,7 @@ class Session:
             graph_breaks=sum(sum(r.graph_breaks.values()) for r in compiled),
             recompiles="; ".join(reason for r in compiled for reason in r.recompile_reasons) or None,
             counters=counters,
+            slower=fused_slower(self.bus.recent("group", groups)) if groups else None,
         )
         self.bus.publish(record)
         _warn_fallbacks(counters)

@@ -213,3 +213,15 @@ def test_random_programs_through_the_known_path_equal_strict(program, diverge_at
     got = fused_run(engine, run_program, changed, x, w)
     torch.testing.assert_close(got, run_program(changed, x, w), equal_nan=True)
     assert engine.counts["followed"] > 0
+
+
+def test_groups_report_capture_time_and_what_their_ops_cost_one_by_one():
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+    x, w = torch.randn(4, 6), torch.randn(6, 6)
+    for _ in range(3):  # replayed, replayed while compiling, then a hit
+        fused_run(engine, variant_step, x, w, options=FuseOptions())
+        engine.cache.wait_idle()
+    first, last = bus.recent("group", 3)[0], bus.recent("group", 3)[-1]
+    assert first.status == "miss" and first.eager_ms is not None and first.capture_ms > 0
+    assert last.status == "hit" and last.eager_ms == first.eager_ms and last.capture_ms > 0

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from tpunb.events import CellRun
+from tpunb.advice import fused_slower
+from tpunb.events import CellRun, FusionGroup
 from tpunb.report import cell_summary, format_bytes
 
 
@@ -33,3 +34,41 @@ def test_summary_shows_only_what_is_known_and_non_zero():
     assert (
         full == "[tpunb] debug · 1.23 s · peak 2.0 MiB · 1 group · cache 3 hit / 1 miss · failed: ValueError"
     )
+
+
+def group(status: str, capture_ms: float, run_ms: float, eager_ms: float | None, ops: int = 760):
+    return FusionGroup(
+        key="k",
+        ops=ops,
+        top_ops={},
+        input_shapes=[],
+        trigger="aten._local_scalar_dense at Cell In[4], line 3",
+        source="Cell In[4], line 1",
+        status=status,
+        compile_ms=None,
+        run_ms=run_ms,
+        lifted=0,
+        capture_ms=capture_ms,
+        eager_ms=eager_ms,
+    )
+
+
+def test_fused_says_once_when_capturing_costs_more_than_running_the_ops():
+    steps = [group("eager", 20.0, 6.0, 6.0)] + [group("hit", 21.0, 2.0, 6.0) for _ in range(9)]
+    note = fused_slower(steps)
+    assert note == (
+        "fused is slower here: 21.0 ms capturing 760 small ops per group vs 6.0 ms to run them one by one; "
+        "try %tpu_mode compile"
+    )
+    line = cell_summary(run(mode="fused", groups=10, cache_hits=9, cache_misses=1, slower=note))
+    assert line.splitlines() == [
+        "[tpunb] fused · 1.23 s · 10 groups · cache 9 hit / 1 miss",
+        f"[tpunb] {note}",
+    ]
+
+
+def test_fused_that_pays_or_has_nothing_to_compare_says_nothing():
+    assert fused_slower([group("hit", 2.0, 30.0, 400.0) for _ in range(5)]) is None  # pays
+    assert fused_slower([group("hit", 21.0, 2.0, None) for _ in range(5)]) is None  # never replayed
+    assert fused_slower([group("eager", 21.0, 6.0, 6.0)]) is None  # not compiled yet
+    assert fused_slower([group("hit", 0.5, 0.1, 0.2, ops=5)]) is None  # too small to notice

@@ -54,6 +54,7 @@ class Variant:
     fn: Callable[..., list[torch.Tensor]] | None = None
     future: Future | None = None  # the queued compile (cancelled when superseded)
     compile_ms: float | None = None
+    replay_ms: float | None = None  # its ops run one by one (a first sighting): strict's cost
     error: str | None = None
     code: str | None = None  # the FX graph's Python code, for the monitor
 

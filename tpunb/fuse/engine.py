@@ -139,8 +139,13 @@ class FusionEngine:
 
     def dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
+        trace, started = self.trace, time.perf_counter()
         with self.interrupts:  # an interrupt waits until the op is recorded or run
-            return self._dispatch(func, args, kwargs)
+            try:
+                return self._dispatch(func, args, kwargs)
+            finally:
+                if self.trace is trace:  # (an op that flushed is counted with its group's run)
+                    trace.capture_s += time.perf_counter() - started
 
     def _dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
@@ -311,8 +316,11 @@ class FusionEngine:
             self._schedule(trace, outputs, variant, name=short_hash(skeleton, key))
         status = "miss" if first_sighting else STATUS_OF[variant.state]
         self.cache.count(status)
+        ran = time.perf_counter()
         with rng_as_recorded(trace):
             values = self._run(trace, outputs, variant)
+        if status != "hit" and variant.replay_ms is None:  # op by op: what strict mode would cost
+            variant.replay_ms = (time.perf_counter() - ran) * 1000
         for wrapper, value in zip(waiting, values, strict=True):
             wrapper._value, wrapper._pending = as_recorded(wrapper, value), None
             wrapper._from_group = True
@@ -411,6 +419,8 @@ class FusionEngine:
                 status=status,
                 compile_ms=variant.compile_ms if status == "miss" and self.options.sync_compile else None,
                 run_ms=(time.perf_counter() - started) * 1000,
+                capture_ms=trace.capture_s * 1000,
+                eager_ms=variant.replay_ms,
                 lifted=len(variant.lifted),
                 miss_reason=why,
             )

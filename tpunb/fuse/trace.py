@@ -75,6 +75,7 @@ class Trace:
     # (None: none yet), and how many ops matched before the first new one (all, while on it).
     at: Any = None
     matched: int = 0
+    capture_s: float = 0.0  # time the engine spent on this trace's ops (dispatch to record)
     _input_index: dict[int, int] = field(default_factory=dict)
 
     def input_ref(self, tensor: torch.Tensor, wrapped: bool = False) -> Ref:

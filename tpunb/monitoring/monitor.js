@@ -115,7 +115,7 @@ function groupsSection(state, model) {
   section.appendChild(heading);
   const table = element("table", "tpunb-group-table");
   const head = table.createTHead().insertRow();
-  for (const title of ["status", "ops", "top ops", "inputs", "trigger", "compile", "run"]) {
+  for (const title of ["status", "ops", "top ops", "inputs", "trigger", "capture", "compile", "run"]) {
     head.appendChild(element("th", "", title));
   }
   const body = table.createTBody();
@@ -125,7 +125,8 @@ function groupsSection(state, model) {
     row.title = `key ${group.key} · recorded at ${group.source}`;
     const topOps = Object.entries(group.top_ops).map(([name, n]) => `${name}×${n}`).join(" ");
     const shapes = group.input_shapes.map((s) => `[${s.join(",")}]`).join(" ");
-    for (const value of [group.status, group.ops, topOps, shapes, group.trigger, ms(group.compile_ms), ms(group.run_ms)]) {
+    const timings = [ms(group.capture_ms), ms(group.compile_ms), ms(group.run_ms)];
+    for (const value of [group.status, group.ops, topOps, shapes, group.trigger, ...timings]) {
       row.insertCell().textContent = String(value);
     }
     row.addEventListener("click", () => model.send({ type: "graph", key: group.key }));

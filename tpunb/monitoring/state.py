@@ -96,6 +96,6 @@ def format_text(state: dict[str, Any]) -> str:
     ]
     for group in state["groups"][:5]:
         ops = ", ".join(f"{name}×{n}" for name, n in group["top_ops"].items())
-        timing = f"{group['ops']:>4} ops {group['run_ms']:8.2f} ms"
+        timing = f"{group['ops']:>4} ops capture {group['capture_ms']:7.2f} ms run {group['run_ms']:8.2f} ms"
         lines.append(f"    {group['status']:<9} {timing}  {ops}  ({group['trigger']})")
     return "\n".join(lines)
