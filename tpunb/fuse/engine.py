@@ -149,9 +149,9 @@ class FusionEngine:
 
     def _dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
-        if func is READ_SCALAR and self._reads_settled_scalar(args[0]):
+        if func is READ_SCALAR and (value := self._settled_value(args[0])) is not None:
             self.counts["bookkeeping"] += 1
-            return func(args[0]._value)
+            return func(value)
         followed, result = self.recorder.follow(func, args, kwargs)
         if followed:
             return result
@@ -184,14 +184,24 @@ class FusionEngine:
             return self._eager(func, op, args, kwargs, scan)
         return self.recorder.record(func, op, args, kwargs, outputs, device)
 
-    def _reads_settled_scalar(self, tensor: Any) -> bool:
-        """Whether ``.item()`` of ``tensor`` needs nothing from the trace: a materialized value
-        no pending op writes and no group computed (an optimizer's step counter). The general
-        path would decide the same (bookkeeping, no flush), in a tenth of the time."""
-        if type(tensor) is not DeferredTensor or tensor._pending is not None or tensor._from_group:
-            return False
-        value, dirty = tensor._value, self.trace.dirty_storages
-        return value is not None and (not dirty or value.untyped_storage().data_ptr() not in dirty)
+    def _settled_value(self, tensor: Any) -> torch.Tensor | None:
+        """The value ``.item()`` of ``tensor`` reads, when it needs nothing from the trace: a
+        plain tensor or a materialized one that no pending op writes and no group computed
+        (an optimizer's step counter). The general path would decide the same (bookkeeping,
+        no flush), in a tenth of the time. None otherwise."""
+        kind = type(tensor)
+        if kind is DeferredTensor:
+            if tensor._pending is not None or tensor._from_group:
+                return None
+            value = tensor._value
+        elif kind is torch.Tensor and tensor.layout is torch.strided and not tensor.is_nested:
+            value = tensor
+        else:
+            return None
+        dirty = self.trace.dirty_storages
+        if value is None or (dirty and value.untyped_storage().data_ptr() in dirty):
+            return None
+        return value
 
     def _device_of(self, args: tuple, kwargs: dict[str, Any], scan: ArgumentScan) -> torch.device | None:
         """The device the op runs on, or None when it spans devices (run those eagerly).

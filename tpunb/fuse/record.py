@@ -40,9 +40,11 @@ from tpunb.source import user_frame
 if TYPE_CHECKING:
     from tpunb.fuse.engine import FusionEngine
 
-#: Different next ops kept after one step (beyond that, a branch records the new way):
-#: bounds the cost of checking a step's successors when shapes keep changing.
+#: Different next ops kept after one step, and first ops of groups: bounds the cost of
+#: checking a step's successors when shapes keep changing. A full branch drops its oldest
+#: successor for a new one, so the sequence a loop settles into always finds a place.
 MAX_BRANCHES = 8
+MAX_FIRST = 64
 #: Steps kept in all (about 1 KB each); past this the trie starts afresh.
 MAX_STEPS = 200_000
 #: Group keys kept per flush point (they differ in which results are still alive).
@@ -64,7 +66,10 @@ class RealInput:
     """A materialized tensor, input ``ref`` of the group, with the metadata it was recorded with."""
 
     ref: Ref
-    meta: tuple
+    shape: tuple
+    stride: tuple
+    offset: int | None  # None: any (only a view's output depends on where its input starts)
+    dtype: torch.dtype
     device: torch.device
     wrapped: bool  # a DeferredTensor (adopted parameter, earlier result) rather than a plain tensor
 
@@ -118,7 +123,10 @@ class _Matching:
             if pattern.wrapped or not isinstance(value, torch.Tensor) or value.is_conj() or value.is_neg():
                 return False  # a conjugate/negative view runs eagerly (scan.py), never as a step
             real, meta = value, tensor_meta(value)
-        if meta != pattern.meta or real.device != pattern.device:
+        shape, stride, offset, dtype = meta
+        if shape != pattern.shape or stride != pattern.stride or dtype is not pattern.dtype:
+            return False  # (batches cut from one dataset tensor differ only in their offsets)
+        if (pattern.offset is not None and offset != pattern.offset) or real.device != pattern.device:
             return False
         trace = self.trace
         index = trace.input_index(real)
@@ -140,8 +148,9 @@ def _pattern(encoded: Any, op: OpFacts, trace: Trace, floats: list[float], neste
                 return Pending(encoded)
             if kind == "f":
                 return Float(None if op.floats_keep_metadata else floats[index])
-            tensor, meta = trace.inputs[index], trace.input_metas[index]
-            return RealInput(encoded, meta[:4], tensor.device, trace.input_wrapped[index])
+            tensor, (shape, stride, offset, dtype, _) = trace.inputs[index], trace.input_metas[index]
+            offset = offset if any(op.view_returns) else None
+            return RealInput(encoded, shape, stride, offset, dtype, tensor.device, trace.input_wrapped[index])
         items = [_pattern(e, op, trace, floats, nested=True) for e in encoded]
         if all(type(i) in (int, bool, str, type(None)) for i in items):
             return tuple(items)
@@ -200,8 +209,8 @@ class KnownSequences:
         return self.first if step is None else step.next
 
     def extend(self, trace: Trace) -> Step | None:
-        """Add the trace's ops after its known prefix; returns the step it ends at (None when a
-        branch was full and the sequence is not kept)."""
+        """Add the trace's ops after its known prefix; returns the step it ends at (None when
+        the trie started afresh under a trace that had followed it)."""
         if self.steps + len(trace.ops) - trace.matched > MAX_STEPS:
             self.first, self.steps = [], 0
             if trace.matched:
@@ -212,8 +221,8 @@ class KnownSequences:
         parent = trace.at
         for index in range(trace.matched, len(trace.ops)):
             siblings = self.successors(parent)
-            if len(siblings) >= MAX_BRANCHES:
-                return None
+            if len(siblings) >= (MAX_FIRST if parent is None else MAX_BRANCHES):
+                del siblings[0]  # its subtree goes too (the count of steps stays an upper bound)
             record = trace.ops[index]
             op = facts_by_id(record.key[0])
             step = Step(
