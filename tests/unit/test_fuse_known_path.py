@@ -26,7 +26,7 @@ COMPILED = FuseOptions(sync_compile=True)
 def fused_run(engine: FusionEngine, step, *args, options: FuseOptions = REPLAY, **kwargs):
     with engine.scope(options):
         out = step(*args, **kwargs)
-    return [t.real() if isinstance(t, DeferredTensor) else t for t in out]
+    return [t.materialized() if isinstance(t, DeferredTensor) else t for t in out]
 
 
 def base_step(x, w, scale, branch="tanh", norm=2.0, write=False, swap=False):

@@ -23,7 +23,8 @@ REPLAY = FuseOptions(compile=False)
 COMPILED = FuseOptions(sync_compile=True)
 STEPS = 4
 
-#: Encoders, decoders, encoder-decoders and a vision model: 14 architectures.
+#: Encoders (FNet: Fourier transforms instead of attention), decoders, encoder-decoders and a
+#: vision model: 15 architectures.
 REPLAYED = [
     "bert",
     "albert",
@@ -39,6 +40,7 @@ REPLAYED = [
     "qwen3",
     "mistral",
     "vit",
+    "fnet",
 ]
 COMPILED_ARCHS = ["bert", "llama"]
 
@@ -67,7 +69,7 @@ def logits_of(model, inputs, engine: FusionEngine | None) -> torch.Tensor:
             with engine.scope(REPLAY):
                 out = model(**features)
     logits = out["logits"] if "logits" in out else out["start_logits"]
-    return logits.real() if isinstance(logits, DeferredTensor) else logits
+    return logits.materialized() if isinstance(logits, DeferredTensor) else logits
 
 
 def check_equal(name: str, options: FuseOptions) -> FusionEngine:

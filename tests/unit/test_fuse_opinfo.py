@@ -72,9 +72,9 @@ def _bits(t: torch.Tensor) -> tuple[bool, bool]:
 def _materialize(value):
     def real(v):
         if isinstance(v, DeferredTensor):
-            assert _layout(v) == _layout(v.real()), "recorded metadata differs from the value's"
-            assert _bits(v) == _bits(v.real()), "the wrapper's conj/neg bits differ from its value's"
-            return v.real()
+            assert _layout(v) == _layout(v.materialized()), "recorded metadata differs from the value's"
+            assert _bits(v) == _bits(v.materialized()), "the wrapper's conj/neg bits differ from its value's"
+            return v.materialized()
         return v
 
     return tree_map(real, value)

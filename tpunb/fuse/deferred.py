@@ -68,45 +68,46 @@ class DeferredTensor(torch.Tensor):
 
     # --- flush points: raw-memory readers -------------------------------------------------
 
-    def real(self, reason: str = "materialize") -> torch.Tensor:
-        """The real tensor, flushing pending work first."""
+    def materialized(self, reason: str = "materialize") -> torch.Tensor:
+        """The real tensor, flushing pending work first. (Not named ``real``: that is the
+        real part of a complex tensor, which models read: FNet's ``fftn(x).real``.)"""
         return self._engine.materialize(self, reason)
 
     def tolist(self) -> Any:
-        return self.real("tolist()").tolist()
+        return self.materialized("tolist()").tolist()
 
     def numpy(self, *, force: bool = False) -> Any:
-        return self.real("numpy()").numpy(force=force)
+        return self.materialized("numpy()").numpy(force=force)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        array = self.real("numpy()").numpy()
+        array = self.materialized("numpy()").numpy()
         return array if dtype is None else array.astype(dtype, copy=False)
 
     def data_ptr(self) -> int:
-        return self.real("data_ptr()").data_ptr()
+        return self.materialized("data_ptr()").data_ptr()
 
     def untyped_storage(self) -> torch.UntypedStorage:
-        return self.real("storage access").untyped_storage()
+        return self.materialized("storage access").untyped_storage()
 
     def cpu(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        self.real("cpu()")
+        self.materialized("cpu()")
         return super().cpu(*args, **kwargs)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        value = self.real("repr()")
+        value = self.materialized("repr()")
         with _disable_current_modes():  # formatting runs ops: they are not the user's work
             text = repr(value)
         return f"Parameter containing:\n{text}" if getattr(self, "_is_param", False) else text
 
     def __reduce_ex__(self, protocol: int) -> Any:
         # Pickles (and torch.save) as a plain tensor or Parameter: no tpunb needed to load.
-        value = self.real("pickling")
+        value = self.materialized("pickling")
         if getattr(self, "_is_param", False):
             return (torch.nn.Parameter, (value, self.requires_grad))
         return value.__reduce_ex__(protocol)
 
     def __deepcopy__(self, memo: dict) -> torch.Tensor:
-        value = self.real("deepcopy")
+        value = self.materialized("deepcopy")
         with _disable_current_modes():
             value = copy.deepcopy(value, memo)
         if getattr(self, "_is_param", False):
@@ -117,7 +118,7 @@ class DeferredTensor(torch.Tensor):
 
 def _values(value: Any, reason: str) -> Any:
     if isinstance(value, DeferredTensor):
-        return value.real(reason)
+        return value.materialized(reason)
     if isinstance(value, (list, tuple)):
         return type(value)(_values(v, reason) for v in value)
     return value
