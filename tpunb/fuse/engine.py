@@ -56,7 +56,7 @@ from tpunb.fuse.graph import ReplayError, build_graph, replay
 from tpunb.fuse.interrupts import InterruptGuard
 from tpunb.fuse.meta import MetaCache, NotDeferrable
 from tpunb.fuse.ops import OpFacts, facts, facts_by_id
-from tpunb.fuse.record import MAX_ENDS, Recorder
+from tpunb.fuse.record import MAX_ENDS, NOT_FOLLOWED, Recorder
 from tpunb.fuse.rng import rng_as_recorded
 from tpunb.fuse.scan import ArgumentScan, all_scalar, is_argument, real_values, tensor_leaves
 from tpunb.fuse.trace import Trace, tensor_meta
@@ -152,8 +152,8 @@ class FusionEngine:
         if func is READ_SCALAR and (value := self._settled_value(args[0])) is not None:
             self.counts["bookkeeping"] += 1
             return func(value)
-        followed, result = self.recorder.follow(func, args, kwargs)
-        if followed:
+        result = self.recorder.follow(func, args, kwargs)
+        if result is not NOT_FOLLOWED:
             return result
         op = facts(func)
         scan = ArgumentScan()

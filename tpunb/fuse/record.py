@@ -139,6 +139,10 @@ class _Matching:
         return index == pattern.ref[1]
 
 
+#: What following a step whose arguments are all pending results collects: nothing.
+NOTHING_NEW = _Matching(Trace())
+
+
 def _pattern(encoded: Any, op: OpFacts, trace: Trace, floats: list[float], nested: bool = False) -> Any:
     """The pattern of one encoded argument (see trace.py for the encoding)."""
     if type(encoded) is tuple:
@@ -181,21 +185,25 @@ class Step:
             return None
         if self.default_dtype is not None and torch.get_default_dtype() != self.default_dtype:
             return None
-        matching = _Matching(trace)
-        fits = matching.fits
+        matching = None  # made on the first argument that is more than a pending result
         try:
             for value, pattern in zip(args, self.args, strict=True):
                 if type(pattern) is Pending:  # the usual case, checked here without a call
                     if type(value) is not DeferredTensor or value._pending != pattern.ref:
                         return None
-                elif not fits(value, pattern):
+                    continue
+                if matching is None:
+                    matching = _Matching(trace)
+                if not matching.fits(value, pattern):
                     return None
             for name, pattern in self.kwargs.items():
-                if not fits(kwargs[name], pattern):
+                if matching is None:
+                    matching = _Matching(trace)
+                if not matching.fits(kwargs[name], pattern):
                     return None
         except Exception:  # a sparse or nested tensor has no strides: not this step
             return None
-        return matching
+        return matching if matching is not None else NOTHING_NEW
 
 
 class KnownSequences:
@@ -243,6 +251,10 @@ class KnownSequences:
 
 # --- the recorder ------------------------------------------------------------------------------
 
+#: ``Recorder.follow``'s answer for an op that is not the next known step.
+NOT_FOLLOWED = object()
+
+
 
 class Recorder:
     """Appends ops to the engine's current trace, by the known path or the new one."""
@@ -252,17 +264,17 @@ class Recorder:
         self.flush = flush
         self.known = KnownSequences()
 
-    def follow(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
-        """Record ``func`` as the next step of the trace's known path, if it is one:
-        ``(True, result)``, else ``(False, None)``."""
+    def follow(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Record ``func`` as the next step of the trace's known path, if it is one, and
+        return its result; ``NOT_FOLLOWED`` when it is not."""
         trace = self.engine.trace
         if trace.matched != len(trace.ops):
-            return False, None
-        for step in self.known.successors(trace.at):
+            return NOT_FOLLOWED
+        for step in self.known.first if trace.at is None else trace.at.next:
             matching = step.match(func, args, kwargs, trace)
             if matching is not None:
-                return True, self._take(step, matching, args, kwargs)
-        return False, None
+                return self._take(step, matching, args, kwargs)
+        return NOT_FOLLOWED
 
     def _take(self, step: Step, matching: _Matching, args: tuple, kwargs: dict[str, Any]) -> Any:
         trace, op, record = self.engine.trace, step.op, step.record
