@@ -251,9 +251,20 @@ class Mode:
         buffers = {n: plain(b) for n, b in self.model.named_buffers()}
         return {"grads": grads, "params": params, "buffers": buffers}
 
+    #: Graphs the last call compiled (fused and compile modes count them).
+    _new = 0
+
     def steady(self) -> bool:
         """Whether the last call compiled nothing new."""
-        return True
+        return self._new == 0
+
+    def _compiled(self, new: int) -> None:
+        """Note what the last call compiled; a timed call that compiled is flagged."""
+        self._new = new
+        if self.timing and new:
+            self.result.details["compiled_while_timed"] = (
+                self.result.details.get("compiled_while_timed", 0) + 1
+            )
 
     def start_timing(self) -> None:
         """From here on calls are timed: count any that still compile."""
@@ -278,7 +289,6 @@ class FusedMode(Mode):
             (self.model,) if self.optimizer is None else (self.model, self.optimizer)
         )
         self.groups: list[Any] = []
-        self._new = 0
 
     def _record(self, event: Any) -> None:
         if hasattr(event, "trigger"):  # a FusionGroup (CompileDone records have none)
@@ -320,15 +330,8 @@ class FusedMode(Mode):
             self.result.details["groups_per_step"] = len(self.groups)
             self.result.details["flushes"] = [f"{g.trigger} ({g.ops} ops, {g.status})" for g in self.groups]
         stats = self._stats()
-        self._new = stats["misses"] + stats["compiles"] + stats["failures"] - before
-        if self.timing and self._new:
-            self.result.details["compiled_while_timed"] = (
-                self.result.details.get("compiled_while_timed", 0) + 1
-            )
+        self._compiled(stats["misses"] + stats["compiles"] + stats["failures"] - before)
         return out
-
-    def steady(self) -> bool:
-        return self._new == 0
 
     def finish(self) -> None:
         self.engine.cache.wait_idle()
@@ -346,7 +349,6 @@ class CompileMode(Mode):
 
         self.compiled = torch.compile(self.step, backend="inductor")
         self.graphs = 0
-        self._new = 0
 
     def run_step(self) -> Any:
         from torch._dynamo.utils import counters
@@ -355,16 +357,9 @@ class CompileMode(Mode):
         out = self.compiled()
         if self.task == "train":
             out.item()
-        self._new = counters["stats"]["unique_graphs"] - before
+        self._compiled(counters["stats"]["unique_graphs"] - before)
         self.graphs += self._new
-        if self.timing and self._new:
-            self.result.details["compiled_while_timed"] = (
-                self.result.details.get("compiled_while_timed", 0) + 1
-            )
         return out
-
-    def steady(self) -> bool:
-        return self._new == 0
 
     def finish(self) -> None:
         from torch._dynamo.utils import counters
@@ -768,7 +763,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"only {', '.join(QUICK_MODELS)} (tiny, both tasks: 6-7 min at 1 thread on 2 cores)",
+        help=f"only {', '.join(QUICK_MODELS)} (tiny, both tasks: 5-7 min at 1 thread on 2 cores)",
     )
     parser.add_argument("--json", type=Path, help="where to write results (default under test-artifacts/)")
     parser.add_argument("--threads", type=int, default=1, help="OpenMP/torch threads (default 1)")
