@@ -255,7 +255,6 @@ class KnownSequences:
 NOT_FOLLOWED = object()
 
 
-
 class Recorder:
     """Appends ops to the engine's current trace, by the known path or the new one."""
 
