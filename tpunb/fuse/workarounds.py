@@ -52,7 +52,8 @@ def skip_dynamo_in(code: CodeType) -> bool:
     """
     try:  # the C module's names: importing torch._dynamo here would cost a second
         from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
-    except ImportError:
+
+        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    except (ImportError, AttributeError, TypeError):  # older or newer torch: keep torch's wrapper
         return False
-    set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
     return True
