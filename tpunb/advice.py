@@ -27,13 +27,13 @@ def fused_slower(groups: Sequence[FusionGroup]) -> str | None:
     if not judged:
         return None
     capture = sum(g.capture_ms for g in judged)
-    fused = capture + sum(g.run_ms for g in judged)
+    run = sum(g.run_ms for g in judged)
     eager = sum(g.eager_ms for g in judged if g.eager_ms is not None)
-    if capture < NOTICEABLE_MS or fused <= eager:
+    if capture < NOTICEABLE_MS or capture + run <= eager:
         return None
     per = len(judged)
     ops = round(sum(g.ops for g in judged) / per)
     return (
-        f"fused is slower here: {capture / per:.1f} ms capturing {ops} small ops per group vs "
-        f"{eager / per:.1f} ms to run them one by one; try %tpu_mode compile"
+        f"fused is slower here: {capture / per:.1f} ms capturing and {run / per:.1f} ms running "
+        f"{ops} small ops per group vs {eager / per:.1f} ms to run them one by one; try %tpu_mode compile"
     )
