@@ -1,9 +1,12 @@
 """tpunb's native defer-and-fuse engine (fused mode on CPU and CUDA).
 
-``engine`` records and flushes; ``deferred`` is the tensor type; ``scan`` reads an op's
-arguments; ``trace`` is the recording; ``meta`` shape inference; ``graph`` replay and FX
-building; ``cache`` compiled groups; ``views``, ``rng``, ``adopt`` and ``errors`` keep
-metadata, random streams, adopted tensors and failures right.
+Stages, one module each: ``record`` appends ops to the ``trace`` (the known path for
+repeated steps beside new-way recording, which uses ``scan`` for arguments and ``meta`` for
+shapes); ``cache`` keys groups and holds their variants; ``worker`` compiles them in the
+background; ``graph`` replays them and builds their FX graphs. ``engine`` only wires the
+stages (dispatch policy, flush). ``deferred`` is the tensor type; ``views``, ``rng``,
+``adopt``, ``errors`` and ``interrupts`` keep metadata, random streams, adopted tensors,
+failures and Ctrl-C right; ``workarounds`` holds the patches for torch's process-wide state.
 """
 
 from tpunb.fuse.deferred import DeferredTensor

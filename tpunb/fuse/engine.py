@@ -2,8 +2,11 @@
 
 Per op (``dispatch``), one of three things happens:
 
-* **record** it: the usual case. Meta inference gives the outputs' shapes at once (and
-  raises shape errors on the user's line); outputs are pending DeferredTensors.
+* **record** it: the usual case, in record.py. An op that is the next step of a sequence
+  recorded before (a repeated training or decode step) is only checked against that step
+  and gets its recorded outputs (the known path); any other op is recorded the new way:
+  meta inference gives the outputs' shapes at once (and raises shape errors on the user's
+  line). Either way outputs are pending DeferredTensors.
 * **run it eagerly**, flushing first when the op touches pending values: ops that need data
   (``item``, ``nonzero``, masks), have no meta kernel, write into a tensor the engine does
   not own, or change device, and JAX ops (``tpunb.jax_op``: JAX compiles those itself).
@@ -14,9 +17,10 @@ Per op (``dispatch``), one of three things happens:
   groups aligned with the user's steps. Views of the user's plain tensors (a DataLoader
   indexing its dataset) also run as they are: they are metadata only.
 
-``flush`` turns the trace into a group: key it, replay it until it is compiled (the worker
-compiles it when it comes back: see cache.py) or run the compiled graph, hand the results
-to the waiting wrappers, and publish a FusionGroup record.
+``flush`` turns the trace into a group: key it (from the end of its known sequence when it
+followed one), replay it until it is compiled (the worker compiles it when it comes back:
+see cache.py and worker.py) or run the compiled graph, hand the results to the waiting
+wrappers, and publish a FusionGroup record.
 """
 
 from __future__ import annotations
