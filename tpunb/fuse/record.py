@@ -143,7 +143,7 @@ class _Matching:
 NOTHING_NEW = _Matching(Trace())
 
 
-def _pattern(encoded: Any, op: OpFacts, trace: Trace, floats: list[float], nested: bool = False) -> Any:
+def _pattern(encoded: Any, op: OpFacts, trace: Trace, floats: list[float]) -> Any:
     """The pattern of one encoded argument (see trace.py for the encoding)."""
     if type(encoded) is tuple:
         if is_ref(encoded):
@@ -155,7 +155,7 @@ def _pattern(encoded: Any, op: OpFacts, trace: Trace, floats: list[float], neste
             tensor, (shape, stride, offset, dtype, _) = trace.inputs[index], trace.input_metas[index]
             offset = offset if any(op.view_returns) else None
             return RealInput(encoded, shape, stride, offset, dtype, tensor.device, trace.input_wrapped[index])
-        items = [_pattern(e, op, trace, floats, nested=True) for e in encoded]
+        items = [_pattern(e, op, trace, floats) for e in encoded]
         if all(type(i) in (int, bool, str, type(None)) for i in items):
             return tuple(items)
         return items
@@ -219,6 +219,8 @@ class KnownSequences:
     def extend(self, trace: Trace) -> Step | None:
         """Add the trace's ops after its known prefix; returns the step it ends at (None when
         the trie started afresh under a trace that had followed it)."""
+        if trace.matched == len(trace.ops):  # followed all the way: nothing new (the steady case)
+            return trace.at
         if self.steps + len(trace.ops) - trace.matched > MAX_STEPS:
             self.first, self.steps = [], 0
             if trace.matched:
