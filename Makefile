@@ -3,8 +3,10 @@
 #   make test           lint (Python, and the extension's TypeScript: eslint, prettier,
 #                       stylelint, tsc), the extension's jest tests, every test group in
 #                       .venv, then the two runtime suites
-#   make test-xla       tests/xla in .venv-xla: real torch_xla on its CPU PJRT device
+#   make test-xla       tests/xla on torch_xla's CPU PJRT device, in each TPU image's package
+#                       set: .venv-colab (Colab) and .venv-kaggle (Kaggle, ipykernel 6.29)
 #   make test-torchtpu  tests/torchtpu in .venv-torchtpu: the real torch_tpu package
+#   make dist           tpunb's and tpunb-lab's wheels and sdists in dist/, checked by twine
 # TORCH picks the torch build; the default is the CPU-friendly release tpunb is tested with.
 # The runtime suites get their own environments: torch_xla pins torch to its own release,
 # and torch_tpu loads itself into every `import torch` once installed.
@@ -15,11 +17,25 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tpunb-installed
 
-XLA_PACKAGES ?= torch==2.9.0 torch_xla==2.9.0 jax==0.7.1 jaxlib==0.7.1 flax==0.12.0
+# The runtime suites run in the package sets the TPU images ship (their public package lists):
+# Colab's TPU runtime has torch 2.9.0 + torch_xla 2.9.0 + jax 0.7.2; Kaggle's TPU image has
+# torch 2.8.0 + torch_xla 2.8.0 with libtpu pinned at 0.0.17, the libtpu of jax 0.6.2, and
+# ipykernel 6.29 (the line Colab runs too). flax is there for torchax (tpunb.jax_op on xla).
+COLAB_PACKAGES ?= torch==2.9.0 torch_xla==2.9.0 jax==0.7.2 jaxlib==0.7.2 flax==0.12.0
+KAGGLE_PACKAGES ?= torch==2.8.0 torch_xla==2.8.0 jax==0.6.2 jaxlib==0.6.2 flax==0.10.7 ipykernel==6.29.5
 TORCHTPU_PACKAGES ?= torch==2.13.0 torch_tpu==0.2.0 jax==0.10.2
+# The runtime suites import the installed wheel, never this checkout: PYTHONSAFEPATH keeps
+# the working directory off sys.path, in pytest and in the kernels it starts.
+RUNTIME_ENV := PYTHONSAFEPATH=1 OMP_NUM_THREADS=1
 RUNTIME_PYTEST := -m pytest -o addopts="-ra --strict-markers"
+# Kernel tests that also run on ipykernel 6.29 (Kaggle's venv): magics, live monitor, the comm.
+IPYKERNEL6_TESTS := tests/kernel/test_modes_in_kernel.py tests/kernel/test_monitor_in_kernel.py \
+	tests/kernel/test_labcomm_in_kernel.py
+TPUNB_SOURCES := pyproject.toml README.md $(shell find tpunb -type f -not -path '*/__pycache__/*')
+WHEEL_STAMP := build/wheel/.built
 
-.PHONY: lab test lint test-extension venv node chromium test-xla test-torchtpu
+.PHONY: lab test lint test-extension venv node chromium test-xla test-colab test-kaggle \
+	test-torchtpu dist
 
 venv: $(STAMP)
 
@@ -66,15 +82,41 @@ test: lint test-extension chromium
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
 	$(MAKE) test-xla test-torchtpu
 
-.venv-%/.tpunb-installed: pyproject.toml
-	$(PYTHON) -m venv .venv-$*
-	.venv-$*/bin/python -m pip install --upgrade pip
-	.venv-$*/bin/python -m pip install $(if $(filter xla,$*),$(XLA_PACKAGES),$(TORCHTPU_PACKAGES))
-	.venv-$*/bin/python -m pip install -e ".[kernel-tests]"
+# tpunb's wheel, as a user would install it (not editable).
+$(WHEEL_STAMP): $(TPUNB_SOURCES) | $(STAMP)
+	rm -rf build/wheel
+	$(BIN)/python -m build --wheel --outdir build/wheel .
 	touch $@
 
-test-xla: .venv-xla/.tpunb-installed
-	OMP_NUM_THREADS=1 PJRT_DEVICE=CPU .venv-xla/bin/python $(RUNTIME_PYTEST) tests/xla
+# A runtime venv: first the image's packages (and a record of them, before tpunb comes), then
+# tpunb's wheel with its dependencies, resolved around what the image has. A changed package
+# list takes effect in a new venv (CI's are new; here, remove .venv-NAME).
+.venv-%/image.txt:
+	$(PYTHON) -m venv .venv-$*
+	.venv-$*/bin/python -m pip install --upgrade pip
+	.venv-$*/bin/python -m pip install $($(shell echo $* | tr a-z A-Z)_PACKAGES)
+	.venv-$*/bin/python -m pip freeze > $@
+
+.venv-%/.tpunb-installed: .venv-%/image.txt $(WHEEL_STAMP)
+	.venv-$*/bin/python -m pip uninstall --yes --quiet tpunb
+	.venv-$*/bin/python -m pip install "$$(ls build/wheel/tpunb-*.whl)[kernel-tests]"
+	touch $@
+
+test-xla: test-colab test-kaggle
+
+test-colab: .venv-colab/.tpunb-installed
+	$(RUNTIME_ENV) PJRT_DEVICE=CPU .venv-colab/bin/python $(RUNTIME_PYTEST) tests/xla tests/image
+
+test-kaggle: .venv-kaggle/.tpunb-installed
+	$(RUNTIME_ENV) PJRT_DEVICE=CPU .venv-kaggle/bin/python $(RUNTIME_PYTEST) tests/xla tests/image
+	$(RUNTIME_ENV) .venv-kaggle/bin/python $(RUNTIME_PYTEST) $(IPYKERNEL6_TESTS)
 
 test-torchtpu: .venv-torchtpu/.tpunb-installed
-	OMP_NUM_THREADS=1 .venv-torchtpu/bin/python $(RUNTIME_PYTEST) tests/torchtpu
+	$(RUNTIME_ENV) .venv-torchtpu/bin/python $(RUNTIME_PYTEST) tests/torchtpu tests/image
+
+# What goes to PyPI: both packages' wheels and sdists, checked as PyPI would check them.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/python -m build --outdir dist extension
+	$(BIN)/python -m twine check --strict dist/*

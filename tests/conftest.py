@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
-GROUPS = ("unit", "kernel", "browser", "notebooks", "xla", "torchtpu")
+GROUPS = ("unit", "kernel", "browser", "notebooks", "xla", "torchtpu", "image")
 
 #: Runtime suites that need their own virtual environment (``make test-xla``,
 #: ``make test-torchtpu``): collected only where their package is installed.
@@ -16,6 +17,9 @@ RUNTIME_SUITES = {"xla": "torch_xla", "torchtpu": "torch_tpu"}
 collect_ignore = [
     folder for folder, package in RUNTIME_SUITES.items() if importlib.util.find_spec(package) is None
 ]
+#: The image checks run only in a runtime venv, which records the image before tpunb comes.
+if not (Path(sys.prefix) / "image.txt").exists():
+    collect_ignore.append("image")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -39,13 +39,13 @@ __all__ = [
 
 def load_ipython_extension(shell: Any) -> None:
     """``%load_ext tpunb``: detect the runtime, add the magics, print one status line."""
-    from tpunb.extension import load
+    from tpunb.ipython_hooks import load
 
     load(shell, __version__)
 
 
 def unload_ipython_extension(shell: Any) -> None:
-    from tpunb.extension import unload
+    from tpunb.ipython_hooks import unload
 
     unload(shell)
 

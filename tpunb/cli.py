@@ -1,9 +1,8 @@
-"""The ``tpunb`` command line: ``tpunb doctor [--json]``."""
+"""The ``tpunb`` command line: ``tpunb doctor [--selftest] [--json]``."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
@@ -13,17 +12,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     doctor = commands.add_parser("doctor", help="check versions, TPU hardware and the runtime choice")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument(
+        "--selftest",
+        action="store_true",
+        help="also run each mode briefly on the runtime and device a kernel would use",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "doctor":
-        from tpunb.doctor import format_report, run_checks
+        from tpunb.doctor import doctor_output
 
-        report = run_checks()
-        print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report))
-        return 0 if report.ok else 1
+        text, ok = doctor_output(selftest=args.selftest, as_json=args.json)
+        print(text)
+        return 0 if ok else 1
     raise AssertionError(f"unhandled command {args.command}")
 
 

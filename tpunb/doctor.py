@@ -7,6 +7,7 @@ importing TPU packages (importing torch_xla or torch_tpu can grab the chip).
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
@@ -172,6 +173,26 @@ def run_checks() -> Report:
     report.checks += check_cuda()
     report.checks += check_runtime(report, tpu)
     return report
+
+
+def doctor_output(selftest: bool, as_json: bool) -> tuple[str, bool]:
+    """What ``tpunb doctor`` and ``%tpu_doctor`` print, and whether everything passed: the
+    report, then (``selftest``) each mode run on the runtime the process's session uses."""
+    report = run_checks()
+    payload, texts, ok = report.as_dict(), [format_report(report)], report.ok
+    if selftest and not report.runtime.get("name"):
+        payload["selftest"] = {"ok": False, "not_run": report.runtime["reason"]}
+        texts.append(f"self-test not run: no runtime to run it on ({report.runtime['reason']})")
+        ok = False
+    elif selftest:
+        from tpunb.selftest import format_selftest, run_selftest
+        from tpunb.session import get_session
+
+        result = run_selftest(get_session())
+        payload["selftest"] = result.as_dict()
+        texts.append(format_selftest(result))
+        ok = ok and result.ok
+    return (json.dumps(payload, indent=2) if as_json else "\n\n".join(texts)), ok
 
 
 def format_report(report: Report) -> str:

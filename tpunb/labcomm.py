@@ -3,11 +3,15 @@ page, the mode picker and the side-panel monitor back in.
 
 Every message is a JSON dict with a ``type``:
 
+- page → kernel ``hello``: a page took the comm the kernel opened. Until a page speaks on a
+  comm, nothing is sent on it after the first state: nbclient and a bare jupyter_client never
+  answer, and a kernel nobody looks at must not poll.
 - kernel → page ``state``: runtime, device, mode (in effect now), default, the modes this
-  runtime runs, whether a cell is running, a picked mode still pending, memory. Sent when a
-  comm opens and then whenever it changes: a thread checks every 0.25 s and reads memory at
-  most once a second. The thread sends over IOPub, so the page hears of a ``%%tpu_mode`` cell
-  or a growing HBM peak while the cell is still running.
+  runtime runs, whether a cell is running, a picked mode still pending, memory, all read
+  from ``Session.stats()``. Sent when a comm opens and then whenever it changes (memory alone
+  at most once a second), from the kernel's one sampler (``tpunb.monitoring.sampler``),
+  which sends over IOPub, so the page hears of a ``%%tpu_mode`` cell or a growing HBM peak
+  while the cell is still running.
 - page → kernel ``set_mode`` {mode}: the picker. Between cells it applies at once; if a cell
   is running it applies when that cell ends (``Session.request_default``) and ``pending``
   says so meanwhile. A mode that is unknown or that this runtime cannot run is answered with
@@ -21,38 +25,38 @@ Every message is a JSON dict with a ``type``:
 ``%load_ext tpunb`` opens one comm towards the pages connected now (they register the
 target ``tpunb`` on every kernel connection). A page that connects later (a reload, a second
 tab) finds it with a comm-info request and opens its own comm, which the kernel accepts
-through the same target; state goes to every open comm.
+through the same target; state goes to every open comm that a page has spoken on.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict
 from typing import Any
 
 from tpunb.modes import ModeConfig, ModeError
+from tpunb.monitoring import sampler_for
+from tpunb.monitoring.sampler import Tick
 from tpunb.runtimes import ModeUnavailable
 from tpunb.session import Session
 
 TARGET = "tpunb"
-POLL_S = 0.25
+#: Memory moves all the time; alone it refreshes the status bar at most this often.
 MEMORY_PERIOD_S = 1.0
 
 
 class LabLink:
-    """All comms of this kernel to the lab extension, and the thread that keeps them current."""
+    """All comms of this kernel to the lab extension; a sink of the kernel's sampler while a
+    page is there."""
 
     def __init__(self, session: Session, version: str) -> None:
         self.session = session
         self.version = version
         self._comms: list[Any] = []
+        self._heard: set[str] = set()  # ids of the comms a page has spoken on
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._memory: dict[str, Any] | None = None
-        self._memory_read_at = 0.0
         self._sent: dict[str, Any] | None = None
+        self._memory_sent_at = 0.0
         self._panel = PanelFeed(self)
 
     # --- opening -------------------------------------------------------------------------
@@ -68,96 +72,104 @@ class LabLink:
         """Open a comm towards the pages connected now (they registered the target)."""
         from comm import create_comm
 
-        self._adopt(create_comm(target_name=TARGET, data=self.state(), metadata={"version": self.version}))
+        state = self.state(self.session.stats())
+        self._adopt(create_comm(target_name=TARGET, data=state, metadata={"version": self.version}))
 
     def close(self) -> None:
         from comm import get_comm_manager
 
         get_comm_manager().unregister_target(TARGET, self._accept)
-        self._stop.set()
         with self._lock:
             comms, self._comms = self._comms, []
+            self._heard.clear()
         for comm in comms:
             comm.close()
 
     def _accept(self, comm: Any, open_msg: dict[str, Any]) -> None:
-        """A page that connected after ``%load_ext`` opened its own comm."""
+        """A page that connected after ``%load_ext`` opened its own comm: it is there."""
         self._adopt(comm)
-        comm.send(self.state())
+        self._heard_on(comm)
+        comm.send(self.state(self.session.stats()))
 
     def _adopt(self, comm: Any) -> None:
-        comm.on_msg(self._on_message)
+        comm.on_msg(lambda msg, comm=comm: self._on_message(comm, msg))
         comm.on_close(lambda msg, comm=comm: self._forget(comm))
         with self._lock:
             self._comms.append(comm)
-            if self._thread is None:
-                self._stop.clear()
-                self._thread = threading.Thread(target=self._watch, name="tpunb-lab", daemon=True)
-                self._thread.start()
+
+    def _heard_on(self, comm: Any) -> None:
+        with self._lock:
+            self._heard.add(comm.comm_id)
+        sampler_for(self.session).attach(self)
 
     def _forget(self, comm: Any) -> None:
         with self._lock:
             if comm in self._comms:
                 self._comms.remove(comm)
+            self._heard.discard(comm.comm_id)
 
     @property
     def comm_count(self) -> int:
+        """Comms a page is on (spoke on, or opened itself)."""
         with self._lock:
-            return len(self._comms)
+            return len(self._heard)
 
     # --- kernel → page -------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        session = self.session
-        pending = session.pending_default
+    def state(self, stats: dict[str, Any]) -> dict[str, Any]:
         return {
             "type": "state",
             "version": self.version,
-            "runtime": session.runtime.name,
-            "device": session.runtime.device,
-            "mode": session.effective.mode.value,
-            "default": session.default.mode.value,
-            "modes": session.available_modes,
-            "busy": session.cell_running,
-            "pending": pending.mode.value if pending is not None else None,
-            "memory": self._current_memory(),
+            "runtime": stats["runtime"],
+            "device": stats["device"],
+            "mode": stats["mode"],
+            "default": stats["default_mode"],
+            "modes": stats["modes_available"],
+            "busy": stats["busy"],
+            "pending": stats["pending_default"],
+            "memory": stats["memory"],
         }
 
-    def _current_memory(self) -> dict[str, Any] | None:
-        now = time.monotonic()
-        if now - self._memory_read_at >= MEMORY_PERIOD_S:
-            memory = self.session.runtime.memory()
-            self._memory = asdict(memory) if memory is not None else None
-            self._memory_read_at = now
-        return self._memory
-
     def send(self, message: dict[str, Any]) -> None:
+        """To every comm a page is on."""
         with self._lock:
-            comms = list(self._comms)
+            comms = [comm for comm in self._comms if comm.comm_id in self._heard]
         for comm in comms:
             comm.send(message)
 
-    def push_state(self, force: bool = False) -> None:
-        """Send the state if it changed since the last one sent (or always, with ``force``)."""
-        state = self.state()
-        if force or state != self._sent:
-            self._sent = state
-            self.send(state)
+    def push_state(self, stats: dict[str, Any], force: bool = False) -> None:
+        """Send the state if it changed since the last one sent (or always, with ``force``);
+        a change of memory alone waits until MEMORY_PERIOD_S has passed."""
+        state = self.state(stats)
+        sent = self._sent
+        if not force and sent is not None:
+            if state == sent:
+                return
+            memory_only = {**state, "memory": sent["memory"]} == sent
+            if memory_only and time.monotonic() - self._memory_sent_at < MEMORY_PERIOD_S:
+                return
+        self._sent = state
+        if sent is None or state["memory"] != sent["memory"]:
+            self._memory_sent_at = time.monotonic()
+        self.send(state)
 
-    def _watch(self) -> None:
-        while not self._stop.wait(POLL_S):
-            with self._lock:
-                if not self._comms:  # decided under the lock, so _adopt starts a new thread
-                    self._thread = None
-                    return
-            self.push_state()
+    # --- the sampler's sink ---------------------------------------------------------------
+
+    def wanted(self) -> bool:
+        return self.comm_count > 0
+
+    def push(self, tick: Tick) -> None:
+        self.push_state(tick.stats)
 
     # --- page → kernel -------------------------------------------------------------------
 
-    def _on_message(self, msg: dict[str, Any]) -> None:
+    def _on_message(self, comm: Any, msg: dict[str, Any]) -> None:
+        self._heard_on(comm)
         data = msg["content"]["data"]
         kind = data.get("type")
-        if kind == "set_mode":
+        if kind == "hello":
+            self.push_state(self.session.stats(), force=True)
+        elif kind == "set_mode":
             self._set_mode(data.get("mode"))
         elif kind == "monitor":
             self._panel.set_open(bool(data.get("open")))
@@ -174,19 +186,18 @@ class LabLink:
             self.session.request_default(ModeConfig.build(name), source="lab")
         except (ModeError, ModeUnavailable) as error:
             self.send({"type": "error", "message": str(error)})
-        self.push_state(force=True)
+        self.push_state(self.session.stats(), force=True)
 
 
 class PanelFeed:
-    """The extension's side panel as one more sink of the monitor's sampler (it duck-types
-    the widget's ``push``/``wanted``), so the panel ticks exactly like the notebook widget."""
+    """The extension's side panel: one more sink of the sampler, so it ticks exactly like the
+    notebook's monitor widget."""
 
     def __init__(self, link: LabLink) -> None:
         self.link = link
         self.open = False
 
     def set_open(self, open_: bool) -> None:
-        from tpunb.monitoring import sampler_for
         from tpunb.monitoring.widget import VIEW_CSS, VIEW_ESM
 
         self.open = open_
@@ -194,11 +205,12 @@ class PanelFeed:
             return
         self.link.send({"type": "monitor_view", "esm": VIEW_ESM.read_text(), "css": VIEW_CSS.read_text()})
         sampler = sampler_for(self.link.session)
-        self.push(sampler.state.build())
+        self.push(sampler.snapshot())
         sampler.attach(self)
 
-    def push(self, state: dict[str, Any]) -> None:
-        self.link.send({"type": "monitor", "state": state})
+    def push(self, tick: Tick) -> None:
+        if tick.monitor_changed:
+            self.link.send({"type": "monitor", "state": tick.monitor})
 
     def wanted(self) -> bool:
         return self.open and self.link.comm_count > 0
@@ -216,7 +228,7 @@ def open_lab_link(session: Session, version: str) -> LabLink:
     elif _link.comm_count == 0:
         _link.announce()
     else:
-        _link.push_state(force=True)
+        _link.push_state(session.stats(), force=True)
     return _link
 
 

@@ -7,7 +7,9 @@ with the cell's line numbers so tracebacks and debug-mode errors name ``Cell In[
 
 from __future__ import annotations
 
+import argparse
 import ast
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -18,6 +20,19 @@ from tpunb.cellcompile import CompileModePrefix, NotCompilable
 from tpunb.modes import Mode, ModeConfig, ModeError
 from tpunb.report import mode_table
 from tpunb.session import Session
+
+MODE_NAMES = tuple(mode.value for mode in Mode)
+
+
+def parse_magic_line(magic: Callable[..., Any], line: str, prefix: str = "%") -> argparse.Namespace:
+    """``parse_argstring``, with an error that names what was wrong and lists what is accepted:
+    argparse alone says ``unrecognized arguments: strict`` and leaves the user guessing."""
+    try:
+        return parse_argstring(magic, line)
+    except UsageError as error:
+        name = magic.__name__
+        usage = " ".join(magic.parser.format_usage().split()).replace(f"%{name}", f"{prefix}{name}", 1)
+        raise UsageError(f"{prefix}{name}: {error}. Accepted: {usage} (more: {prefix}{name}?)") from None
 
 
 @magics_class
@@ -35,6 +50,8 @@ class TpuMagics(Magics):
     @argument(
         "mode",
         nargs="?",
+        type=str.lower,
+        choices=MODE_NAMES,
         help="debug, strict, fused or compile (any case). Omit it to show the current mode.",
     )
     @argument("--allow-nan", action="store_true", help="debug mode: do not stop at a new NaN.")
@@ -63,7 +80,7 @@ class TpuMagics(Magics):
             y = torch.log(x)          # a NaN born here raises, naming this line
         """
         __tracebackhide__ = True
-        args = parse_argstring(self.tpu_mode, line)
+        args = parse_magic_line(self.tpu_mode, line, "%" if cell is None else "%%")
         if args.mode is None:
             if cell is not None:
                 raise UsageError("%%tpu_mode needs a mode: debug, strict, fused or compile")
@@ -113,7 +130,7 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_summary(self, line: str) -> None:
         """Turn the one-line summary after each non-strict cell on or off."""
-        args = parse_argstring(self.tpu_summary, line)
+        args = parse_magic_line(self.tpu_summary, line)
         if args.state is not None:
             self.session.summary_enabled = args.state == "on"
         print(f"tpunb: cell summaries {'on' if self.session.summary_enabled else 'off'}")
@@ -129,13 +146,14 @@ class TpuMagics(Magics):
         """
         from tpunb.runtimes import CacheDirError
 
-        args = parse_argstring(self.tpu_cache, line)
+        args = parse_magic_line(self.tpu_cache, line)
         try:
             current = self.session.runtime.cache_dir(args.directory)
         except CacheDirError as error:
             raise UsageError(f"%tpu_cache: {error}") from None
         print(f"tpunb: compile cache at {current or 'the default (set on first use)'}")
 
+    @magic_arguments()
     @line_magic
     def tpu_monitor(self, line: str) -> Any:
         """Show the live monitor: device memory over time, fusion groups, compile cache.
@@ -145,21 +163,27 @@ class TpuMagics(Magics):
         """
         from tpunb.monitoring import has_widget_frontend, monitor_widget, text_snapshot
 
-        if line.strip():
-            raise UsageError("%tpu_monitor takes no arguments")
+        parse_magic_line(self.tpu_monitor, line)
         if not has_widget_frontend():
             print(text_snapshot(self.session))
             return None
         return monitor_widget(self.session)
 
+    @magic_arguments()
+    @argument(
+        "--selftest",
+        action="store_true",
+        help="also run each mode briefly on this kernel's runtime and device (about 30 s on a CPU).",
+    )
+    @argument("--json", action="store_true", help="print it as JSON, for a bug report.")
     @line_magic
     def tpu_doctor(self, line: str) -> None:
-        """Check this environment (versions, TPU hardware, runtime choice), as `tpunb doctor`."""
-        from tpunb.doctor import format_report, run_checks
+        """Check this environment (versions, TPU hardware, runtime choice), as `tpunb doctor`;
+        ``--selftest`` runs debug, strict, fused and compile mode on this kernel's device."""
+        from tpunb.doctor import doctor_output
 
-        if line.strip():
-            raise UsageError("%tpu_doctor takes no arguments")
-        print(format_report(run_checks()))
+        args = parse_magic_line(self.tpu_doctor, line)
+        print(doctor_output(selftest=args.selftest, as_json=args.json)[0])
 
     @magic_arguments()
     @argument("-n", "--nprocs", type=int, required=True, help="worker processes to start on this machine.")
@@ -204,7 +228,7 @@ class TpuMagics(Magics):
         from tpunb.distributed.cell import run_distributed_cell
         from tpunb.distributed.job import UnpicklableVariables
 
-        args = parse_argstring(self.tpu_distributed, line)
+        args = parse_magic_line(self.tpu_distributed, line, "%%")
         if args.nprocs < 1:
             raise UsageError(f"%%tpu_distributed: -n must be at least 1, not {args.nprocs}")
         if args.backend not in BACKENDS:

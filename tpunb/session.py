@@ -191,7 +191,8 @@ class Session:
     # --- the stats snapshot ----------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """One plain-dict snapshot that the monitor, the lab extension and tests all read."""
+        """One plain-dict snapshot that the monitor, the lab extension and tests all read: views
+        take what they show from here, never from the runtime."""
         memory = self.runtime.memory()
         return {
             "runtime": self.runtime.name,
@@ -200,8 +201,11 @@ class Session:
             "mode": self.effective.mode.value,
             "default_mode": self._default.mode.value,
             "modes_available": self.available_modes,
+            "busy": self.cell_running,
+            "pending_default": pending.mode.value if (pending := self.pending_default) is not None else None,
             "memory": asdict(memory) if memory is not None else None,
             "cache": asdict(self.runtime.cache_stats()),
+            "compile": self.runtime.cache_details(),
             "groups": [r.as_dict() for r in self.bus.recent("group", STATS_GROUPS)],
             "compiled": [r.as_dict() for r in self.bus.recent("compiled", STATS_GROUPS)],
             "counters": self.runtime.counters(),

@@ -112,6 +112,8 @@ export class KernelLink implements IDisposable {
     }
     kernel.registerCommTarget(TARGET, (comm, message) => {
       this._use(comm, message.content.data);
+      // the kernel sends on its comm only once a page has said it is there
+      comm.send({ type: 'hello' });
     });
     void this._findOpenComm(kernel);
   }

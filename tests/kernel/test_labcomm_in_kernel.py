@@ -49,14 +49,36 @@ def comm_data(kernel: Kernel, until, timeout: float = 10, comm_id: str | None = 
     raise AssertionError(f"condition not met in {timeout} s; comm data seen: {seen}")
 
 
-def load_and_open(kernel: Kernel) -> tuple[str, dict]:
-    """``%load_ext tpunb``: the kernel opens a comm to the page with the first state."""
+def load_and_open(kernel: Kernel, hello: bool = True) -> tuple[str, dict]:
+    """``%load_ext tpunb``: the kernel opens a comm to the page with the first state, and the
+    page (``hello``) says it took it."""
     result = kernel.run("%load_ext tpunb\nimport torch, tpunb")
     assert result.error is None, result.error
     opens = [m for m in result.messages if m["msg_type"] == "comm_open"]
     tpunb_opens = [m["content"] for m in opens if m["content"]["target_name"] == "tpunb"]
     assert len(tpunb_opens) == 1, opens
-    return tpunb_opens[0]["comm_id"], tpunb_opens[0]["data"]
+    comm_id = tpunb_opens[0]["comm_id"]
+    if hello:
+        request(kernel, comm_id, {"type": "hello"})
+        comm_data(kernel, lambda d: d.get("type") == "state" and d["_comm_id"] == comm_id)
+    return comm_id, tpunb_opens[0]["data"]
+
+
+def tpunb_threads(kernel: Kernel) -> list[str]:
+    return kernel.value("[t.name for t in __import__('threading').enumerate() if 'tpunb' in t.name]")
+
+
+def test_a_comm_no_page_answers_keeps_the_kernel_from_polling(fresh_kernel: Kernel) -> None:
+    """nbclient and a bare jupyter_client never answer the comm %load_ext opens: no thread
+    may wake for it. Once a page says hello, the one sampler feeds it."""
+    comm_id, _ = load_and_open(fresh_kernel, hello=False)
+    assert fresh_kernel.run("%tpu_mode debug\nx = torch.ones(3) + 1").error is None
+    time.sleep(1)
+    assert "tpunb-sampler" not in tpunb_threads(fresh_kernel)
+    request(fresh_kernel, comm_id, {"type": "hello"})
+    state = comm_data(fresh_kernel, lambda d: d.get("type") == "state")[-1]
+    assert state["default"] == "debug"
+    assert tpunb_threads(fresh_kernel).count("tpunb-sampler") == 1
 
 
 def test_loading_opens_the_comm_with_the_kernels_state(fresh_kernel: Kernel) -> None:
@@ -136,6 +158,8 @@ def test_the_side_panel_gets_the_monitor_view_and_live_ticks(fresh_kernel: Kerne
     request(fresh_kernel, comm_id, {"type": "monitor", "open": True})
     view = comm_data(fresh_kernel, lambda d: d.get("type") == "monitor_view")[-1]
     assert "export default" in view["esm"] and "render" in view["esm"] and ".tpunb" in view["css"]
+    assert fresh_kernel.run("tpunb.monitor()").error is None  # a notebook widget beside the panel
+    assert tpunb_threads(fresh_kernel).count("tpunb-sampler") == 1  # one sampler feeds the status, both
     run = fresh_kernel.run("w = torch.randn(32, 32)\nfor _ in range(3):\n    y = (w @ w).relu().sum().item()")
     assert run.error is None, run.error
     tick = comm_data(fresh_kernel, lambda d: d.get("type") == "monitor" and d["state"]["groups_total"] >= 3)

@@ -42,7 +42,7 @@ def test_bad_mode_is_a_usage_error_and_changes_nothing(kernel):
     assert result.error is not None
     assert result.error["ename"] == "UsageError"
     assert "'turbo'" in result.error["evalue"]
-    assert "debug, strict, fused, compile" in result.error["evalue"]
+    assert "'debug', 'strict', 'fused', 'compile'" in result.error["evalue"]
     assert kernel.value("tpunb.current_mode()") == "debug"
 
 
@@ -120,3 +120,14 @@ def test_stats_snapshot_from_the_kernel(kernel):
     assert set(stats["memory"]) == {"used", "peak", "limit", "label"}
     assert stats["cache"] == {"requests": 0, "hits": 0, "misses": 0, "compiles": 0}
     assert stats["groups"] == []  # nothing ran fused yet
+
+
+def test_selftest_in_a_fused_kernel_runs_every_mode_and_leaves_the_mode(kernel):
+    kernel.run("%tpu_mode fused\nkept = torch.arange(4.0) * 2")
+    result = kernel.run("%tpu_doctor --selftest", timeout=300)
+    assert result.error is None, result.error
+    table = result.stdout[result.stdout.index("tpunb self-test") :]
+    for check in ("debug", "strict", "fused", "compile", "memory", "cache dir"):
+        assert re.search(rf"^ok    {check} ", table, re.MULTILINE), table
+    assert "self-test: every mode works here" in table
+    assert kernel.value("[tpunb.current_mode(), kept.tolist()]") == ["fused", [0.0, 2.0, 4.0, 6.0]]

@@ -55,16 +55,17 @@ def test_monitor_updates_while_a_long_cell_runs(kernel):
     assert any(u["mode"] == "fused" for u in updates)
     assert updates[-1]["groups_total"] > updates[0]["groups_total"]
     assert updates[-1]["memory"]["label"] == "host RSS"
-    # the sampler prints nothing: the cell's only output is its summary line
-    printed = [m for m in running.messages if m["msg_type"] == "stream"]
-    assert all(m["content"]["text"].startswith("[tpunb] fused") for m in printed), printed
+    # the sampler prints nothing: the cell's only output is its summary line (torch may log
+    # to stderr: a CUDA build of torch 2.8 on a CPU host says so when Inductor loads)
+    assert running.stdout.startswith("[tpunb] fused") and running.stdout.count("\n") == 1, running.stdout
+    assert "tpunb" not in running.stderr, running.stderr
 
 
 def test_one_sampler_thread_however_often_the_monitor_is_shown(kernel):
     ids = {widget_id(kernel.run("tpunb.monitor()")) for _ in range(3)}
     assert len(ids) == 1  # one model, shown three times
     names = kernel.value("[t.name for t in __import__('threading').enumerate()]")
-    assert names.count("tpunb-monitor") == 1, names
+    assert names.count("tpunb-sampler") == 1, names
 
 
 def test_monitor_sends_a_groups_graph_on_request(kernel):

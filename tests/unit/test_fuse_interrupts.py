@@ -22,6 +22,16 @@ REPLAY = FuseOptions(compile=False)  # the bookkeeping is the same; replay keeps
 ENGINE_FILES = "/tpunb/fuse/"
 
 
+@pytest.fixture(autouse=True)
+def sigint_raises_keyboard_interrupt():
+    """These tests raise SIGINT and expect Python's own handler (KeyboardInterrupt), as a kernel
+    has it. A run started in the background (``make test &``, nohup) begins with SIGINT
+    ignored, so each test installs the handler it tests, and puts back what was there."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def make_training():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))

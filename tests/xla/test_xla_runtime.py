@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from kernels import Kernel, start_kernel
 from xla_kernels import start_xla_kernel
 
@@ -137,6 +139,22 @@ def test_failed_fused_cell_keeps_earlier_work(xla_kernel: Kernel) -> None:
     assert xla_kernel.value("tpunb.current_mode()") == "strict"
 
 
+MISMATCHED_MATMULS = [
+    "torch.ones(1, 3, device='xla') @ w",
+    "torch.nn.functional.linear(torch.ones(4, 3, device='xla'), w)",
+]
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "fused"])
+@pytest.mark.parametrize("call", MISMATCHED_MATMULS)
+def test_a_mismatched_matmul_is_an_error_not_a_dead_kernel(xla_kernel: Kernel, mode: str, call: str) -> None:
+    """torch_xla 2.8 aborts the process here without tpunb's shape guard; 2.9 raises."""
+    result = xla_kernel.run(f"%%tpu_mode {mode}\nw = torch.ones(2, 2, device='xla')\nbad = {call}\n")
+    assert result.error is not None and result.error["ename"] == "RuntimeError", result.error
+    assert "line 3" in "".join(result.error["traceback"])
+    assert xla_kernel.value("w.cpu().sum().item()") == 4.0
+
+
 def test_persistent_cache_before_and_after_the_first_computation(tmp_path: Path) -> None:
     kernel = start_xla_kernel(tmp_path)
     try:
@@ -168,3 +186,21 @@ def test_detected_from_pjrt_device_without_tpunb_runtime(tmp_path: Path) -> None
         assert "xla runtime on xla:0 (torch_xla installed and PJRT_DEVICE=CPU)" in loaded.stdout
     finally:
         kernel.shutdown()
+
+
+def test_selftest_runs_every_mode_on_the_xla_device(xla_kernel: Kernel) -> None:
+    result = xla_kernel.run("%tpu_doctor --selftest --json", timeout=300)
+    assert result.error is None, result.error
+    selftest = json.loads(result.stdout)["selftest"]
+    assert (selftest["runtime"], selftest["device"]) == ("xla", "xla:0")
+    steps = {step["name"]: step for step in selftest["steps"]}
+    assert {name: step["status"] for name, step in steps.items()} == {
+        "debug": "ok",
+        "strict": "ok",
+        "fused": "ok",
+        "compile": "ok",
+        "memory": "ok",
+        "cache dir": "ok",
+    }, steps
+    assert "xla:0 reports no memory figures" in steps["memory"]["detail"]
+    assert xla_kernel.value("tpunb.current_mode()") == "strict"

@@ -1,7 +1,7 @@
 """The live monitor: ``%tpu_monitor`` / ``tpunb.monitor()``.
 
-``widget`` is the anywidget view, ``state`` builds what it shows from the session's records,
-``sampler`` is the one thread that pushes updates while cells run.
+``widget`` is the anywidget view, ``state`` builds what it shows from the session's snapshot,
+``sampler`` is the kernel's one thread that feeds it (and the lab extension) while anyone looks.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from tpunb.monitoring.sampler import Sampler
-from tpunb.monitoring.state import MonitorState, format_text
+from tpunb.monitoring.state import format_text
 from tpunb.session import Session
 
 _lock = threading.Lock()
@@ -22,8 +22,8 @@ _widget: Any = None
 def sampler_for(session: Session) -> Sampler:
     global _sampler
     with _lock:
-        if _sampler is None or _sampler.state.session is not session:
-            _sampler = Sampler(MonitorState(session))
+        if _sampler is None or _sampler.session is not session:
+            _sampler = Sampler(session)
         return _sampler
 
 
@@ -43,10 +43,10 @@ def monitor_widget(session: Session) -> Any:
     with _lock:
         if _widget is None or _widget.comm is None:
             _widget = MonitorWidget(graph_of=session.runtime.group_graph)
-            _widget.push(sampler.state.build())
+            _widget.push(sampler.snapshot())
     sampler.attach(_widget)
     return _widget
 
 
 def text_snapshot(session: Session) -> str:
-    return format_text(sampler_for(session).state.build())
+    return format_text(sampler_for(session).snapshot().monitor)

@@ -29,8 +29,8 @@ class MonitorState:
         self.timeline: deque[tuple[float, int]] = deque(maxlen=TIMELINE_POINTS)
         self.ticks = 0
 
-    def build(self) -> dict[str, Any]:
-        stats = self.session.stats()
+    def build(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """The monitor's dict for one tick, from one ``Session.stats()`` snapshot."""
         now = time.time()
         memory = stats["memory"]
         if memory is not None and memory["used"] is not None:
@@ -50,7 +50,7 @@ class MonitorState:
             "groups": groups[::-1],
             "groups_total": bus.count("group"),
             "cache": stats["cache"],
-            "compile": self.session.runtime.cache_details(),
+            "compile": stats["compile"],
             "last_compile": compiles[-1].as_dict() if compiles else None,
             "last_recompile": self._last_recompile(),
             "tick": self.ticks,

@@ -14,6 +14,7 @@ from typing import Any
 import anywidget
 import traitlets
 
+from tpunb.monitoring.sampler import Tick
 from tpunb.monitoring.state import format_text
 
 HERE = Path(__file__).parent
@@ -43,8 +44,9 @@ class MonitorWidget(anywidget.AnyWidget):
         self.on_msg(self._on_message)
         self.observe(self._on_views, names="_view_count")
 
-    def push(self, state: dict[str, Any]) -> None:
-        self.state = state
+    def push(self, tick: Tick) -> None:
+        if tick.monitor_changed:
+            self.state = tick.monitor
 
     def wanted(self) -> bool:
         """Still worth updating: open, and not closed by every view that once showed it."""

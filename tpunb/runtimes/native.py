@@ -123,7 +123,9 @@ class NativeRuntime:
             try:
                 use_cache_dir(path)
             except OSError as error:
-                raise CacheDirError(f"cannot use {path!r}: {error.strerror}") from None
+                raise CacheDirError(
+                    f"cannot use {path!r}: {error.strerror}; accepted: a directory tpunb can create and write"
+                ) from None
         current = current_cache_dir()
         return str(current) if current else None
 

@@ -31,8 +31,9 @@ from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import CPU_FALLBACK, CacheDirError, CacheStats, MemoryInfo, RuntimeUnavailable
 from tpunb.runtimes.hardware import scan_tpu
 from tpunb.runtimes.xla_graphs import GraphLog, GraphRun
+from tpunb.runtimes.xla_shape_guard import RAISES_SINCE, DotShapeGuard
 from tpunb.source import is_internal_file, location_of
-from tpunb.versions import distribution_version, torch_xla_mismatch
+from tpunb.versions import distribution_version, release, torch_xla_mismatch
 
 #: Set to 0 to keep tpunb from turning on torch_xla's graph log (no per-graph fusion groups).
 GRAPH_LOG_ENV = "TPUNB_XLA_GRAPH_LOG"
@@ -105,6 +106,18 @@ class XlaRuntime:
 
     @contextlib.contextmanager
     def mode_scope(self, config: ModeConfig) -> Iterator[None]:
+        with self._shape_guard(), self._mode(config):
+            yield
+
+    def _shape_guard(self) -> contextlib.AbstractContextManager[Any]:
+        """torch_xla before 2.9 aborts the process on a mismatched matmul (xla_shape_guard)."""
+        version = distribution_version("torch_xla")
+        if version is not None and release(version)[:2] < RAISES_SINCE:
+            return DotShapeGuard()
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _mode(self, config: ModeConfig) -> Iterator[None]:
         if config.mode is Mode.STRICT:
             with self._eager(True):
                 yield
