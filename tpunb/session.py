@@ -21,6 +21,7 @@ from typing import Any
 from tpunb.advice import fused_slower
 from tpunb.cellcompile import CellCompiler
 from tpunb.events import CellRun, EventBus, ModeChange
+from tpunb.groupfold import GroupFold
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes import (
     CPU_FALLBACK,
@@ -49,6 +50,8 @@ class Session:
         self._active: tuple[ModeConfig, ExitStack] | None = None
         self._cell: _CellWindow | None = None
         self._cell_compiler: CellCompiler | None = None
+        self.group_rows = GroupFold()
+        self.bus.subscribe(self.group_rows.observe)
 
     # --- modes ----------------------------------------------------------------------------
 
@@ -207,6 +210,7 @@ class Session:
             "cache": asdict(self.runtime.cache_stats()),
             "compile": self.runtime.cache_details(),
             "groups": [r.as_dict() for r in self.bus.recent("group", STATS_GROUPS)],
+            "group_rows": self.group_rows.rows(time.time(), STATS_GROUPS),
             "compiled": [r.as_dict() for r in self.bus.recent("compiled", STATS_GROUPS)],
             "counters": self.runtime.counters(),
             "last_cell": cells[-1].as_dict() if (cells := self.bus.recent("cell", 1)) else None,

@@ -115,18 +115,21 @@ function groupsSection(state, model) {
   section.appendChild(heading);
   const table = element("table", "tpunb-group-table");
   const head = table.createTHead().insertRow();
-  for (const title of ["status", "ops", "top ops", "inputs", "trigger", "capture", "compile", "run"]) {
+  for (const title of ["status", "runs", "ops", "top ops", "inputs", "trigger", "capture", "compile", "run"]) {
     head.appendChild(element("th", "", title));
   }
   const body = table.createTBody();
   for (const group of state.groups || []) {
     const row = body.insertRow();
-    row.className = `tpunb-status-${group.status}`;
+    row.className = `tpunb-status-${group.status.replace(" ", "-")}`;
     row.title = `key ${group.key} · recorded at ${group.source}`;
     const topOps = Object.entries(group.top_ops).map(([name, n]) => `${name}×${n}`).join(" ");
     const shapes = group.input_shapes.map((s) => `[${s.join(",")}]`).join(" ");
     const timings = [ms(group.capture_ms), ms(group.compile_ms), ms(group.run_ms)];
-    for (const value of [group.status, group.ops, topOps, shapes, group.trigger, ...timings]) {
+    // one row per distinct group: how often it ran, and how long a background compile has taken
+    const status = group.compiling_s != null ? `compiling ${group.compiling_s.toFixed(1)} s` : group.status;
+    const runs = `×${group.count ?? 1}`;
+    for (const value of [status, runs, group.ops, topOps, shapes, group.trigger, ...timings]) {
       row.insertCell().textContent = String(value);
     }
     row.addEventListener("click", () => model.send({ type: "graph", key: group.key }));

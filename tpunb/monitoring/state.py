@@ -37,7 +37,6 @@ class MonitorState:
             self.timeline.append((now, memory["used"]))
         self.ticks += 1
         bus = self.session.bus
-        groups = [record.as_dict() for record in bus.recent("group", GROUPS_SHOWN)]
         cells = [record.as_dict() for record in bus.recent("cell", CELLS_SHOWN)]
         compiles = bus.recent("compile", 1)
         return {
@@ -47,7 +46,7 @@ class MonitorState:
             "memory": memory,
             "timeline": self._thinned_timeline(now),
             "cells": cells[::-1],
-            "groups": groups[::-1],
+            "groups": stats["group_rows"][:GROUPS_SHOWN],
             "groups_total": bus.count("group"),
             "cache": stats["cache"],
             "compile": stats["compile"],
@@ -97,5 +96,6 @@ def format_text(state: dict[str, Any]) -> str:
     for group in state["groups"][:5]:
         ops = ", ".join(f"{name}×{n}" for name, n in group["top_ops"].items())
         timing = f"{group['ops']:>4} ops capture {group['capture_ms']:7.2f} ms run {group['run_ms']:8.2f} ms"
-        lines.append(f"    {group['status']:<9} {timing}  {ops}  ({group['trigger']})")
+        status = group["status"] + (f" {group['compiling_s']} s" if "compiling_s" in group else "")
+        lines.append(f"    {status:<14} ×{group['count']:<5} {timing}  {ops}  ({group['trigger']})")
     return "\n".join(lines)
