@@ -105,7 +105,7 @@ $(WHEEL_STAMP): $(TPUNB_SOURCES) | $(STAMP)
 test-xla: test-colab test-kaggle
 
 test-colab: .venv-colab/.tpunb-installed
-	$(RUNTIME_ENV) PJRT_DEVICE=CPU .venv-colab/bin/python $(RUNTIME_PYTEST) tests/xla tests/image
+	$(RUNTIME_ENV) PJRT_DEVICE=CPU TPUNB_INSTALL_CELLS=1 .venv-colab/bin/python $(RUNTIME_PYTEST) tests/xla tests/image
 
 test-kaggle: .venv-kaggle/.tpunb-installed
 	$(RUNTIME_ENV) PJRT_DEVICE=CPU .venv-kaggle/bin/python $(RUNTIME_PYTEST) tests/xla tests/image

@@ -101,9 +101,13 @@ class Kernel:
 
 
 def start_kernel(
-    tmp_dir: Path, extra_arguments: list[str] | None = None, env: dict[str, str] | None = None
+    tmp_dir: Path,
+    extra_arguments: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> Kernel:
-    """A kernel on this interpreter; ``env`` adds to its environment (TPUNB_RUNTIME, say)."""
+    """A kernel on this interpreter; ``env`` adds to its environment (TPUNB_RUNTIME, say),
+    ``cwd`` is its working directory (the notebook's folder)."""
     spec_dir = tmp_dir / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
     spec = {
@@ -115,7 +119,7 @@ def start_kernel(
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     specs = KernelSpecManager(kernel_dirs=[str(tmp_dir / "kernels")])
     manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
-    manager.start_kernel(extra_arguments=extra_arguments or [])
+    manager.start_kernel(extra_arguments=extra_arguments or [], **({"cwd": str(cwd)} if cwd else {}))
     return Kernel(manager)
 
 
