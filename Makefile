@@ -78,7 +78,7 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		echo "chromium is not installed and this is not root: browser tests will be skipped"
 
-test: lint test-extension chromium
+test: lint test-extension chromium dist
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
 	$(MAKE) test-xla test-torchtpu
 
@@ -91,6 +91,8 @@ $(WHEEL_STAMP): $(TPUNB_SOURCES) | $(STAMP)
 # A runtime venv: first the image's packages (and a record of them, before tpunb comes), then
 # tpunb's wheel with its dependencies, resolved around what the image has. A changed package
 # list takes effect in a new venv (CI's are new; here, remove .venv-NAME).
+# (kept: make would otherwise delete it as an intermediate file once tpunb is installed)
+.PRECIOUS: .venv-%/image.txt
 .venv-%/image.txt:
 	$(PYTHON) -m venv .venv-$*
 	.venv-$*/bin/python -m pip install --upgrade pip

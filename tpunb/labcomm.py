@@ -176,7 +176,7 @@ class LabLink:
         elif kind == "graph":
             from tpunb.monitoring.widget import graph_answer
 
-            answer = graph_answer(self.session.runtime.group_graph, str(data.get("key")))
+            answer = graph_answer(self.session.group_graph, str(data.get("key")))
             self.send({"type": "graph", **answer})
         else:
             self.send({"type": "error", "message": f"tpunb: unknown request {kind!r}"})

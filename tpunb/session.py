@@ -216,6 +216,10 @@ class Session:
             "last_cell": cells[-1].as_dict() if (cells := self.bus.recent("cell", 1)) else None,
         }
 
+    def group_graph(self, key: str) -> str | None:
+        """The code of a fusion group's compiled graph, for a view that was asked for it."""
+        return self.runtime.group_graph(key)
+
     @property
     def cell_compiler(self) -> CellCompiler:
         """Compile mode's cell runner, over this runtime's compiler (made on first use)."""

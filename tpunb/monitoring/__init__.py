@@ -42,7 +42,7 @@ def monitor_widget(session: Session) -> Any:
     sampler = sampler_for(session)
     with _lock:
         if _widget is None or _widget.comm is None:
-            _widget = MonitorWidget(graph_of=session.runtime.group_graph)
+            _widget = MonitorWidget(graph_of=session.group_graph)
             _widget.push(sampler.snapshot())
     sampler.attach(_widget)
     return _widget
