@@ -20,7 +20,7 @@ from tpunb.debug import DebugChecks
 from tpunb.events import Record
 from tpunb.fuse import FuseOptions, FusionEngine
 from tpunb.fuse.disk_cache import current_cache_dir, use_cache_dir
-from tpunb.fuse.warmup import warm_up_in_background
+from tpunb.fuse.warmup import warm_up_when_idle
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import CacheDirError, CacheStats, MemoryInfo
 
@@ -117,9 +117,9 @@ class NativeRuntime:
 
     def default_changed(self, config: ModeConfig) -> None:
         """Modes here are per-thread scopes opened by the session; choosing fused or compile
-        starts their one-time imports in the background, before the next cell needs them."""
+        queues their one-time imports for when the kernel is idle, before the next cell."""
         if config.mode in (Mode.FUSED, Mode.COMPILE):
-            warm_up_in_background()
+            warm_up_when_idle()
 
     def cache_dir(self, path: str | None = None) -> str | None:
         """Inductor's on-disk caches (``tpunb.fuse.disk_cache``): any time, any directory."""
