@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import CodeType, FrameType
 from typing import Any
 
 import torch
@@ -57,6 +58,7 @@ from tpunb.fuse.errors import (
     warn_storm,
 )
 from tpunb.fuse.graph import ReplayError, build_graph, replay
+from tpunb.fuse.growing import GrowingInputs
 from tpunb.fuse.interrupts import InterruptGuard
 from tpunb.fuse.meta import MetaCache, NotDeferrable
 from tpunb.fuse.ops import OpFacts, facts, facts_by_id
@@ -66,7 +68,7 @@ from tpunb.fuse.scan import ArgumentScan, all_scalar, is_argument, real_values, 
 from tpunb.fuse.trace import Trace, tensor_meta
 from tpunb.fuse.views import INPLACE_VIEWS, STORAGE_CHANGING, as_recorded, restride
 from tpunb.fuse.workarounds import skip_dynamo_in
-from tpunb.source import SourceLocation, locate
+from tpunb.source import SourceLocation, locate, user_frame
 
 #: Default bound on ops per group: compile time grows with graph size (research/fusion.md).
 MAX_OPS = 1000
@@ -109,6 +111,7 @@ class FusionEngine:
         # ops, by how they ran: recorded the new way, followed a known sequence, run eagerly
         self.counts = {"recorded": 0, "followed": 0, "eager": 0, "bookkeeping": 0}
         self.recorder = Recorder(self, self.flush)
+        self.growing = GrowingInputs()
         self.adoption = Adoption(self)
         self.interrupts = InterruptGuard()
 
@@ -186,7 +189,12 @@ class FusionEngine:
         device = self._device_of(args, kwargs, scan)
         if device is None or scan.writes_real(op, args, kwargs):
             return self._eager(func, op, args, kwargs, scan)
-        return self.recorder.record(func, op, args, kwargs, outputs, device)
+        where = _code_and_line(user_frame(sys._getframe()))
+        if self.growing.covers(func, *where):
+            # its input grows every step (growing.py): run it now, flushing only if it must;
+            # its results stay plain, so a group reads them as copies if small (trace.py)
+            return self._eager(func, op, args, kwargs, scan, bookkeeping=True, wrap=False)
+        return self.recorder.record(func, op, args, kwargs, outputs, device, where)
 
     def _settled_value(self, tensor: Any) -> torch.Tensor | None:
         """The value ``.item()`` of ``tensor`` reads, when it needs nothing from the trace: a
@@ -226,11 +234,14 @@ class FusionEngine:
         kwargs: dict[str, Any],
         scan: ArgumentScan,
         bookkeeping: bool = False,
+        wrap: bool = True,
     ) -> Any:
         __tracebackhide__ = True
         self.counts["bookkeeping" if bookkeeping else "eager"] += 1
-        if self.trace.ops and (
-            not bookkeeping or scan.hazard(self.trace, op, args, kwargs) or reads_group_result(op, scan)
+        if (
+            self.trace.ops
+            and (not bookkeeping or scan.hazard(self.trace, op, args, kwargs) or reads_group_result(op, scan))
+            and not (bookkeeping and self._write_keeps_group(op, args, kwargs, scan))
         ):
             self.flush(op.name)
         values_args = real_values(args)
@@ -239,7 +250,20 @@ class FusionEngine:
         if op.name in STORAGE_CHANGING or op.name in INPLACE_VIEWS:
             self._refresh_metadata(args, kwargs, op)
         out = same_objects(func, args, kwargs, out)
-        return self._wrap_new(out, args, kwargs)
+        return self._wrap_new(out, args, kwargs) if wrap else out
+
+    def _write_keeps_group(
+        self, op: OpFacts, args: tuple, kwargs: dict[str, Any], scan: ArgumentScan
+    ) -> bool:
+        """A bookkeeping op that writes small plain tensors the trace reads (a position counter)
+        can run without ending the group: the trace keeps copies of the values it read."""
+        if not op.mutated or reads_group_result(op, scan):
+            return False
+        for where in op.mutated:
+            for target in tensor_leaves(written_argument(args, kwargs, where), plain=True):
+                if not self.trace.keep_read_value(target):
+                    return False
+        return not scan.hazard(self.trace, op, args, kwargs)
 
     def _refresh_metadata(self, args: tuple, kwargs: dict[str, Any], op: OpFacts) -> None:
         """After an eager op changed a wrapped value's view or storage, match the wrapper."""
@@ -318,6 +342,7 @@ class FusionEngine:
             previous = self.cache.previous_of_family(family, skeleton)
             if previous is not None:
                 why = explain_miss(previous, skeleton)
+                self.growing.observe(previous.parts[1], trace)
             elif lifted:
                 why = f"{len(lifted)} Python float(s) began to vary: now graph inputs"
             if not self.options.compile:
@@ -495,3 +520,7 @@ def reads_group_result(op: OpFacts, scan: ArgumentScan) -> bool:
     return op.name == "aten._local_scalar_dense" and any(
         getattr(tensor, "_from_group", False) for tensor in scan.tensors
     )
+
+
+def _code_and_line(frame: FrameType | None) -> tuple[CodeType | None, int]:
+    return (frame.f_code, frame.f_lineno) if frame is not None else (None, 0)

@@ -20,10 +20,10 @@ when the new-path recording would have produced the very same OpRecord and metad
 
 from __future__ import annotations
 
-import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,9 +33,8 @@ from tpunb.fuse.graph import is_ref
 from tpunb.fuse.ops import OpFacts, facts_by_id
 from tpunb.fuse.rng import default_generator
 from tpunb.fuse.scan import ArgumentEncoder, tensor_leaves
-from tpunb.fuse.trace import FloatSlot, OpRecord, Ref, Trace, tensor_meta
+from tpunb.fuse.trace import FloatSlot, OpRecord, Ref, Trace, group_input, tensor_meta
 from tpunb.fuse.views import INPLACE_VIEWS, restride
-from tpunb.source import user_frame
 
 if TYPE_CHECKING:
     from tpunb.fuse.engine import FusionEngine
@@ -122,7 +121,7 @@ class _Matching:
         else:
             if pattern.wrapped or not isinstance(value, torch.Tensor) or value.is_conj() or value.is_neg():
                 return False  # a conjugate/negative view runs eagerly (scan.py), never as a step
-            real, meta = value, tensor_meta(value)
+            real, meta = value, tensor_meta(group_input(value))
         shape, stride, offset, dtype = meta
         if shape != pattern.shape or stride != pattern.stride or dtype is not pattern.dtype:
             return False  # (batches cut from one dataset tensor differ only in their offsets)
@@ -274,6 +273,8 @@ class Recorder:
         for step in self.known.first if trace.at is None else trace.at.next:
             matching = step.match(func, args, kwargs, trace)
             if matching is not None:
+                if self.engine.growing.covers(func, step.record.code, step.record.line):
+                    return NOT_FOLLOWED  # learnt since this path was recorded: it runs eagerly
                 return self._take(step, matching, args, kwargs)
         return NOT_FOLLOWED
 
@@ -282,7 +283,7 @@ class Recorder:
         if op.random and self._note_random(trace, step.device) is not trace:
             # the generator was reseeded since the trace's first random op: the trace was
             # flushed, and this op starts a new one, recorded the new way
-            return self.record(record.func, op, args, kwargs, record.outputs, step.device)
+            return self.record(record.func, op, args, kwargs, record.outputs, step.device, record.where)
         self.engine.counts["followed"] += 1
         trace.device = step.device
         index = len(trace.ops)
@@ -299,9 +300,17 @@ class Recorder:
         return self._finish(op, record, args, kwargs, index, step.device)
 
     def record(
-        self, func: Any, op: OpFacts, args: tuple, kwargs: dict[str, Any], outputs: Any, device: torch.device
+        self,
+        func: Any,
+        op: OpFacts,
+        args: tuple,
+        kwargs: dict[str, Any],
+        outputs: Any,
+        device: torch.device,
+        where: tuple[CodeType | None, int],
     ) -> Any:
-        """Record an op the new way: ``outputs`` is its output metadata from meta inference."""
+        """Record an op the new way: ``outputs`` is its output metadata from meta inference,
+        ``where`` the code and line of the user's frame that issued it."""
         self.engine.counts["recorded"] += 1
         trace = self.engine.trace
         if trace.device is not None and trace.device != device:
@@ -315,8 +324,7 @@ class Recorder:
         encode = encoder.encode
         enc_args = tuple([encode(a, position) for position, a in enumerate(args)])
         enc_kwargs = {k: encode(v, k) for k, v in kwargs.items()}
-        frame = user_frame(sys._getframe(1))
-        code, line = (frame.f_code, frame.f_lineno) if frame else (None, 0)
+        code, line = where
         key = (op.id, enc_args, tuple(enc_kwargs.items()))
         record = OpRecord(func, enc_args, enc_kwargs, isinstance(outputs, list), code, line, key, outputs)
         # One append commits the op, so an interrupt (KeyboardInterrupt) never leaves half an op.

@@ -37,6 +37,10 @@ class OpRecord:
     key: tuple  # (func, encoded args, encoded kwargs): this op's part of the group's key
     outputs: Any = None  # the outputs' metadata (meta inference's answer), handed out again on replay
 
+    @property
+    def where(self) -> tuple[CodeType | None, int]:
+        return self.code, self.line
+
 
 @dataclass(slots=True)
 class FloatSlot:
@@ -52,6 +56,23 @@ class FloatSlot:
     def place(self) -> tuple:
         """(op, argument) or, inside a list argument, (op, argument, item)."""
         return (self.op, self.where) if self.item is None else (self.op, self.where, self.item)
+
+
+#: The largest plain input (elements) a trace copies: instead of flushing before a write to
+#: it, and instead of keying a small view's strides.
+KEEP_READ_MAX = 64
+
+
+def group_input(tensor: torch.Tensor) -> torch.Tensor:
+    """What a group reads for a plain tensor: a small non-contiguous one as a contiguous copy.
+
+    A decode loop's model input is ``input_ids[:, -1:]``, a (batch, 1) view whose row stride
+    is the history's length: one more every step, so a new key every step for 2 elements.
+    Plain tensors are never written inside a group (such writes run eagerly), so reading a
+    copy is exact, and the key holds the copy's strides, the same at every step."""
+    if tensor.numel() <= KEEP_READ_MAX and not tensor.is_contiguous():
+        return tensor.contiguous()
+    return tensor
 
 
 @dataclass
@@ -76,6 +97,7 @@ class Trace:
     at: Any = None
     matched: int = 0
     capture_s: float = 0.0  # time the engine spent on this trace's ops (dispatch to record)
+    kept: list[torch.Tensor] = field(default_factory=list)  # plain inputs read through a copy
     _input_index: dict[int, int] = field(default_factory=dict)
 
     def input_ref(self, tensor: torch.Tensor, wrapped: bool = False) -> Ref:
@@ -85,6 +107,9 @@ class Trace:
         if index is None:
             index = len(self.inputs)
             self._input_index[id(tensor)] = index
+            if not wrapped:
+                self.kept.append(tensor)  # its id stands for the input while the trace lives
+                tensor = group_input(tensor)
             storage = tensor.untyped_storage().data_ptr()
             alias_class = self.input_storages.setdefault(storage, len(self.input_storages))
             self.inputs.append(tensor)
@@ -128,6 +153,37 @@ class Trace:
 
     def reads_storage(self, storage: int) -> bool:
         return storage in self.input_storages
+
+    def keep_read_value(self, tensor: torch.Tensor) -> bool:
+        """Before an eager in-place write to a plain tensor: make the trace read a copy of the
+        value it has read so far, so the write does not have to end the group. True when the
+        trace does not read the tensor, or now reads the copy; False where a copy would not
+        be the same input (a large tensor, a view, a storage read through other tensors too,
+        or one the group itself writes): then the write must flush.
+
+        What this is for: bookkeeping counters written between a group's ops, such as HF's
+        static KV cache advancing its 0-d ``cumulative_length`` in every layer of every step."""
+        storage = tensor.untyped_storage().data_ptr()
+        if storage not in self.input_storages:
+            return True
+        index = self._input_index.get(id(tensor))
+        alias_class = self.input_storages[storage]
+        if (
+            index is None
+            or storage in self.dirty_storages
+            or tensor.numel() > KEEP_READ_MAX
+            or tensor.storage_offset() != 0
+            or not tensor.is_contiguous()
+            or sum(meta[-1] == alias_class for meta in self.input_metas) > 1
+        ):
+            return False
+        copy = tensor.clone()
+        del self._input_index[id(tensor)]
+        self._input_index[id(copy)] = index
+        self.input_storages[copy.untyped_storage().data_ptr()] = self.input_storages.pop(storage)
+        self.inputs[index] = copy
+        self.input_versions[index] = copy._version
+        return True
 
     def __len__(self) -> int:
         return len(self.ops)
