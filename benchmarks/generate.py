@@ -126,6 +126,7 @@ def run_compile(
 ) -> Result:
     from torch._dynamo.utils import counters
 
+    torch._dynamo.reset()  # an earlier model's graphs would count against Dynamo's recompile limit
     eager_forward = model.forward
     model.forward = torch.compile(eager_forward)
     before = counters["stats"]["unique_graphs"]
