@@ -341,3 +341,15 @@ def test_the_real_part_of_a_pending_complex_result_is_the_tensor_attribute(engin
     with engine.scope(FuseOptions(compile=False)):
         part = torch.fft.fftn(x).real + 1.0
     torch.testing.assert_close(part.materialized(), torch.fft.fftn(x).real + 1.0)
+
+
+@pytest.mark.parametrize("layout", ["slice", "transpose"])
+def test_a_small_strided_plain_input_gives_strict_results_and_metadata(engine, layout):
+    history = torch.arange(24.0).reshape(2, 12)
+    small = history[:, -1:] if layout == "slice" else torch.arange(6.0).reshape(2, 3).t()
+    with engine.scope(REPLAY):
+        out = small * 2 + 1
+    expected = small * 2 + 1
+    assert out.stride() == expected.stride()
+    torch.testing.assert_close(out.materialized(), expected)
+    assert out.materialized().stride() == expected.stride()

@@ -69,9 +69,13 @@ def group_input(tensor: torch.Tensor) -> torch.Tensor:
     A decode loop's model input is ``input_ids[:, -1:]``, a (batch, 1) view whose row stride
     is the history's length: one more every step, so a new key every step for 2 elements.
     Plain tensors are never written inside a group (such writes run eagerly), so reading a
-    copy is exact, and the key holds the copy's strides, the same at every step."""
+    copy is exact, and the key holds the copy's strides, the same at every step. Only a
+    slice is copied, not a permuted tensor: ops on a slice lay their results out as on its
+    copy, so the metadata recorded for them holds; on a transpose it would not."""
     if tensor.numel() <= KEEP_READ_MAX and not tensor.is_contiguous():
-        return tensor.contiguous()
+        strides = [stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True) if size > 1]
+        if strides == sorted(strides, reverse=True):
+            return tensor.contiguous()
     return tensor
 
 
