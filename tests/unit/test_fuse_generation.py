@@ -69,12 +69,13 @@ def test_a_compiled_static_cache_generation_compiles_what_repeats_and_then_hits(
     assert counters["hits"] >= 16  # the second call's decode steps ran compiled
 
 
-def trace_reading(shape: tuple) -> Trace:
-    """A trace whose one op (at a fixed place in this file) reads one input of ``shape``."""
+def trace_reading(shape: tuple, wrapped: bool = True) -> Trace:
+    """A trace whose one op (at a fixed place in this file) reads one input of ``shape``:
+    an earlier result of the engine (``wrapped``), or data from outside."""
     from tpunb.fuse.trace import OpRecord
 
     trace = Trace()
-    ref = trace.input_ref(torch.zeros(shape))
+    ref = trace.input_ref(torch.zeros(shape), wrapped)
     trace.ops.append(OpRecord(torch.ops.aten.cat.default, ([ref],), {}, False, None, 7, (), None))
     return trace
 
@@ -94,5 +95,12 @@ def test_steady_growth_marks_the_reader_and_varying_sizes_do_not():
         batches.observe(tuple(previous.input_metas), current)
         previous = current
     assert not batches.locations
+    sorted_batches = GrowingInputs()  # data batched by length grows steadily, but is not fed back
+    previous = trace_reading((32, 4), wrapped=False)
+    for length in range(5, 5 + 2 * GROWING_AFTER):
+        current = trace_reading((32, length), wrapped=False)
+        sorted_batches.observe(tuple(previous.input_metas), current)
+        previous = current
+    assert not sorted_batches.locations
     assert steady_growth((2, 8), (2, 9)) == (0, 1) and steady_growth((2, 9), (2, 8)) is None
     assert steady_growth((4, 8), (5, 9)) is None

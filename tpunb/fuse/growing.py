@@ -9,8 +9,10 @@ compiles once.
 
 An op location (the op and the user's line that issues it) is marked once it has seen one
 input grow along one dimension by the same positive amount ``GROWING_AFTER`` times in a
-row. Batches of varying size, or padding that changes from batch to batch, are not steady
-growth and are never marked: those groups keep compiling per shape, as before.
+row, where that input is the engine's own result (the history the loop feeds back to
+itself). Data from outside is never marked, even when it grows steadily (batches sorted by
+length): those groups keep compiling per shape, as before, and padding is the fix for them
+(notebook 05). Sizes that vary but not steadily are never marked either.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class GrowingInputs:
             return
         for index, (old, new) in enumerate(zip(previous_metas, trace.input_metas, strict=True)):
             growth = steady_growth(old[0], new[0])
-            if growth is None:
+            if growth is None or not trace.input_wrapped[index]:
                 continue
             for op in readers(trace, index):
                 where = (op.func, op.code, op.line)
