@@ -126,7 +126,10 @@ def run_compile(
 ) -> Result:
     from torch._dynamo.utils import counters
 
+    import tpunb
+
     torch._dynamo.reset()  # an earlier model's graphs would count against Dynamo's recompile limit
+    tpunb.runtime().engine.release(model)  # as a compile-mode cell does after fused cells
     eager_forward = model.forward
     model.forward = torch.compile(eager_forward)
     before = counters["stats"]["unique_graphs"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from tpunb.events import CompileDone, FusionGroup, Record
@@ -21,13 +22,23 @@ from tpunb.events import CompileDone, FusionGroup, Record
 GROUPS_FOLDED = 256
 
 
+@dataclass
+class _Row:
+    """A distinct group: its latest record, turned into a dict only when a view asks."""
+
+    record: FusionGroup
+    count: int
+    compiling_since: float | None = None
+    compiled: dict[str, Any] | None = None  # status and compile_ms once its compile finished
+
+
 class GroupFold:
     def __init__(self) -> None:
-        self._rows: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._rows: OrderedDict[str, _Row] = OrderedDict()
         self._lock = threading.Lock()  # records arrive on the cell's and the compiler's threads
 
     def observe(self, record: Record) -> None:
-        """The bus subscriber: quick, on the publishing thread."""
+        """The bus subscriber: quick, on the publishing thread (once per flush)."""
         if isinstance(record, FusionGroup):
             self._add_group(record)
         elif isinstance(record, CompileDone):
@@ -36,9 +47,9 @@ class GroupFold:
     def _add_group(self, record: FusionGroup) -> None:
         with self._lock:
             previous = self._rows.pop(record.key, None)
-            row = {**record.as_dict(), "count": (previous["count"] if previous else 0) + 1}
+            row = _Row(record, (previous.count if previous else 0) + 1)
             if record.status == "compiling":
-                row["compiling_since"] = (previous or {}).get("compiling_since") or record.time
+                row.compiling_since = (previous.compiling_since if previous else None) or record.time
             self._rows[record.key] = row
             if len(self._rows) > GROUPS_FOLDED:
                 self._rows.popitem(last=False)
@@ -46,16 +57,18 @@ class GroupFold:
     def _compile_done(self, done: CompileDone) -> None:
         with self._lock:
             row = self._rows.get(done.key)
-            if row is not None and row["status"] == "compiling":
-                row.pop("compiling_since", None)
-                row.update(status="compiled" if done.ok else "compile failed", compile_ms=done.compile_ms)
+            if row is not None and row.record.status == "compiling" and row.compiled is None:
+                row.compiling_since = None
+                status = "compiled" if done.ok else "compile failed"
+                row.compiled = {"status": status, "compile_ms": done.compile_ms}
 
     def rows(self, now: float, limit: int) -> list[dict[str, Any]]:
         """The most recently run groups first, each with ``compiling_s`` while it compiles."""
         with self._lock:
-            shown = [dict(row) for row in list(self._rows.values())[-limit:][::-1]]
-        for row in shown:
-            since = row.pop("compiling_since", None)
-            if since is not None:
-                row["compiling_s"] = round(now - since, 1)
+            latest = list(self._rows.values())[-limit:][::-1]
+        shown = []
+        for row in latest:
+            shown.append({**row.record.as_dict(), "count": row.count, **(row.compiled or {})})
+            if row.compiling_since is not None:
+                shown[-1]["compiling_s"] = round(now - row.compiling_since, 1)
         return shown

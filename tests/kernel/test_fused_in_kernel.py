@@ -96,3 +96,27 @@ def test_choosing_fused_does_its_one_time_setup_while_the_kernel_is_idle(kernel)
     assert kernel.value("tpunb.stats()['groups']") == []
     names = kernel.value("[t.name for t in __import__('threading').enumerate()]")
     assert not [name for name in names if name.startswith("tpunb")], names  # no thread for it
+
+
+def test_cells_in_other_modes_run_what_fused_cells_adopted_as_plain_tensors(kernel):
+    """A fused cell adopts the notebook's model (its parameters become tpunb's wrappers); a
+    strict or compile-mode cell after it gets plain parameters back, in place (no Python
+    dispatch per op; no tensor subclass for Dynamo). The next fused cell adopts them again,
+    except those Dynamo's guards now hold weakly: PyTorch refuses to swap those, so fused
+    mode reads them as plain inputs (correct, with their optimizer step run eagerly)."""
+    assert kernel.run(SETUP).error is None
+    fused = "%%tpu_mode fused\nstep(model, opt)\nkind = type(weight).__name__"
+    other = "%%tpu_mode {}\nkind = type(model[0].weight).__name__\nstep(model, opt)"
+    for cell, kind in [
+        (fused, "DeferredTensor"),
+        (other.format("strict"), "Parameter"),
+        (fused, "DeferredTensor"),
+        (other.format("compile"), "Parameter"),
+        (fused, "Parameter"),
+    ]:
+        result = kernel.run(cell)
+        assert result.error is None, result.error
+        assert kernel.value("kind") == kind, cell
+        assert kernel.value("model[0].weight is weight")
+    assert kernel.run("for _ in range(5):\n    step(twin, twin_opt)").error is None
+    assert kernel.value("bool(torch.allclose(model[0].weight, twin[0].weight, atol=1e-5))")  # 5 steps each

@@ -71,6 +71,27 @@ def adopt_tensor(tensor: torch.Tensor, engine: FusionEngine) -> int:
     return 1
 
 
+def release_tensor(tensor: torch.Tensor) -> bool:
+    """The inverse of ``adopt_tensor``: a materialized wrapper becomes a plain tensor again (a
+    Parameter if it was one, its gradient plain too), in place. For code that must see plain
+    tensors (Dynamo, in a hot call: hotcalls.py). Returns whether it was released."""
+    if type(tensor) is not DeferredTensor or tensor._pending is not None or tensor._value is None:
+        return False
+    value = tensor._value
+    if getattr(tensor, "_is_param", False):
+        plain = torch.nn.Parameter(value, requires_grad=tensor.requires_grad)
+    else:
+        plain = value.detach().requires_grad_(tensor.requires_grad)
+    grad = tensor.grad
+    if grad is not None:
+        plain.grad = grad._value if type(grad) is DeferredTensor else grad
+    try:
+        torch.utils.swap_tensors(tensor, plain)
+    except RuntimeError:
+        return False
+    return True
+
+
 class Adoption:
     """What one engine adopted, and adopting more while its fused scopes run."""
 
@@ -95,30 +116,39 @@ class Adoption:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """For a fused scope: adopted optimizers use their foreach form; a module called or an
-        optimizer stepped for the first time is adopted just before it runs."""
+        """For a fused scope: adopted optimizers use their foreach form; an optimizer stepped
+        for the first time is adopted just before it runs (a module called for the first
+        time: ``on_module_call``, from the engine's module hooks)."""
         self._active = True
         for optimizer in list(self.optimizers):
             self._use_foreach(optimizer)
-        hooks = [
-            torch.nn.modules.module.register_module_forward_pre_hook(self._on_module_call),
-            register_optimizer_step_pre_hook(self._on_step),
-        ]
+        hook = register_optimizer_step_pre_hook(self._on_step)
         try:
             yield
         finally:
             self._active = False
-            for hook in hooks:
-                hook.remove()
+            hook.remove()
             for group, foreach, fused in self._switched:
                 group["foreach"] = foreach
                 if fused is not None:
                     group["fused"] = fused
             self._switched = []
 
-    def _on_module_call(self, module: torch.nn.Module, args: Any) -> None:
+    def on_module_call(self, module: torch.nn.Module) -> None:
+        """Called for every module call in a fused scope (the engine's global module hook)."""
         if module not in self.modules:
             self._adopt_new(module)
+
+    def release(self, objects: tuple[Any, ...]) -> int:
+        """Make ``objects``' adopted tensors plain again, in place (``release_tensor``); the
+        next fused scope or recorded call adopts them again. Returns how many were released."""
+        for obj in objects:
+            if isinstance(obj, torch.nn.Module):
+                for module in obj.modules():
+                    self.modules.discard(module)
+            elif isinstance(obj, torch.optim.Optimizer):
+                self.optimizers.discard(obj)
+        return sum(release_tensor(tensor) for tensor in list(tensors_of(objects)))
 
     def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if optimizer not in self.optimizers:

@@ -196,6 +196,18 @@ class GraphCache:
         variant = self._named.get(name)
         return variant.code if variant is not None else None
 
+    def count_whole_call(self, graphs: int, compile_ms: float) -> None:
+        """A hot module call (hotcalls.py): a miss that compiled ``graphs`` graphs, or a hit."""
+        with self._lock:
+            c = self.counters
+            c.requests += 1
+            if graphs:
+                c.misses += 1
+                c.compiles += graphs
+                c.compile_ms += compile_ms
+            else:
+                c.hits += 1
+
     def wait_idle(self) -> None:
         """Block until queued compiles finish (tests and benchmarks)."""
         self._worker.wait_idle()

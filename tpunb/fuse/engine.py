@@ -17,6 +17,9 @@ Per op (``dispatch``), one of three things happens:
   groups aligned with the user's steps. Views of the user's plain tensors (a DataLoader
   indexing its dataset) also run as they are: they are metadata only.
 
+Above ops, a module called again and again without grad in eval mode (a decode step, an
+evaluation batch) stops being recorded: hotcalls.py compiles its call whole with Dynamo.
+
 ``flush`` turns the trace into a group: key it (from the end of its known sequence when it
 followed one), replay it until it is compiled (the worker compiles it when it comes back:
 see cache.py and worker.py) or run the compiled graph, hand the results to the waiting
@@ -59,6 +62,7 @@ from tpunb.fuse.errors import (
 )
 from tpunb.fuse.graph import ReplayError, build_graph, replay
 from tpunb.fuse.growing import GrowingInputs
+from tpunb.fuse.hotcalls import HotCalls
 from tpunb.fuse.interrupts import InterruptGuard
 from tpunb.fuse.meta import MetaCache, NotDeferrable
 from tpunb.fuse.ops import OpFacts, facts, facts_by_id
@@ -113,6 +117,7 @@ class FusionEngine:
         self.recorder = Recorder(self, self.flush)
         self.growing = GrowingInputs()
         self.adoption = Adoption(self)
+        self.hot = HotCalls(self)
         self.interrupts = InterruptGuard()
 
     # --- scopes -----------------------------------------------------------------------------
@@ -124,7 +129,7 @@ class FusionEngine:
         with self.interrupts.installed():
             try:
                 self.adopt(*adopt)
-                with self.adoption.active(), FuseMode(self):
+                with self.adoption.active(), self.hot.hooks.installed(), FuseMode(self):
                     yield
             finally:
                 try:
@@ -141,6 +146,13 @@ class FusionEngine:
         """
         with self.interrupts:
             return self.adoption.adopt(objects)
+
+    def release(self, *objects: Any) -> int:
+        """Undo ``adopt``: outside fused scopes every op on an adopted tensor pays a Python
+        dispatch, and Dynamo (compile mode, hot calls) sees a tensor subclass; plain tensors
+        cost neither. Returns how many tensors became plain."""
+        with self.interrupts:
+            return self.adoption.release(objects)
 
     # --- per op -----------------------------------------------------------------------------
 

@@ -60,6 +60,8 @@ class NativeRuntime:
 
     @contextlib.contextmanager
     def mode_scope(self, config: ModeConfig) -> Iterator[None]:
+        if config.mode is not Mode.FUSED:
+            self.engine.release(*notebook_objects())  # what fused cells adopted runs plain again
         if config.mode is Mode.DEBUG:
             checks = DebugChecks(
                 allow_nan=config.allow_nan,
