@@ -45,9 +45,16 @@ def test_generation_compiles_the_model_whole_and_gives_strict_tokens(name, cache
     call = generate_call(model, prompt(model), cache, 16)
     graphs = counters["stats"]["unique_graphs"]
     for _ in range(3):
+        published = bus.count("group")
         with engine.scope(BACKGROUND, adopt=(model,)):
             tokens = call()
         assert torch.equal(tokens, expected)
+    # the loop around the model (logits processors, stopping criteria, positions) ran at
+    # once, unrecorded (settled.py): besides the model's calls, the last run recorded only
+    # generate's checks of the prompt and mask the caller passed, once per call, not per token
+    last_run = bus.recent("group")[published - bus.count("group") :]
+    others = [group for group in last_run if not group.key.endswith("-whole")]
+    assert len(others) <= 6, [group.trigger for group in others]
     assert isinstance(model._compiled_call_impl, HotCall)
     runs = whole_calls(bus)
     # every call after the first HOT_AFTER ran compiled (the second compiled the prefill,

@@ -85,8 +85,9 @@ def check_equal(name: str, options: FuseOptions) -> FusionEngine:
         torch.testing.assert_close(
             ours.detach(), theirs.detach(), rtol=1e-4, atol=1e-5, msg=f"{name}: {pname}"
         )
+    # trained weights within 1e-5 can move a logit near zero by a little more
     torch.testing.assert_close(
-        logits_of(fused_model, inputs, engine), logits_of(strict_model, inputs, None), rtol=1e-4, atol=1e-5
+        logits_of(fused_model, inputs, engine), logits_of(strict_model, inputs, None), rtol=1e-4, atol=5e-5
     )
     assert engine.groups >= STEPS  # forward, backward and update recorded, at least a group a step
     return engine

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from tpunb.events import EventBus
 from tpunb.fuse import DeferredTensor, FusedOpError, FuseOptions, FusionEngine
+from tpunb.fuse.settled import SMALL_NUMEL
 
 REPLAY = FuseOptions(compile=False)
 
@@ -127,8 +128,9 @@ def test_max_ops_bounds_a_loop_without_syncs(engine, bus):
 
 
 def test_in_place_on_a_pending_base_is_seen_through_a_pending_view(engine):
+    zeros = torch.zeros(3, 4)  # a small factory in the scope would run at once (settled.py)
     with engine.scope(REPLAY):
-        base = torch.zeros(3, 4)
+        base = zeros.clone()
         row = base[1]
         base.add_(1)
         row.mul_(5)
@@ -309,8 +311,9 @@ def test_conjugate_views_keep_their_values(engine):
     """ifft and .conj() return conjugate views (a bit, not new data). A wrapper cannot carry
     the bit, so they run eagerly and stay plain; recorded, later ops read the raw values
     wherever PyTorch's conjugate fallback does not run (a flush from inside dispatch, the
-    eager path, ops on the result after the scope)."""
-    x = torch.randn(4, 6)
+    eager path, ops on the result after the scope). ``x`` is big enough that ops on the
+    eagerly made values still record (small ones would run at once: settled.py)."""
+    x = torch.randn(4, SMALL_NUMEL // 4 + 6)
     c = torch.randn(3, 4, dtype=torch.complex64)
     with engine.scope(REPLAY):
         y = torch.fft.ifft(x.clone())

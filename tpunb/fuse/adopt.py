@@ -58,6 +58,7 @@ def adopt_tensor(tensor: torch.Tensor, engine: FusionEngine) -> int:
     if not adoptable(tensor, engine):
         return 0
     wrapper = DeferredTensor.wrap(tensor.detach(), engine)
+    wrapper._adopted = True
     if isinstance(tensor, torch.nn.Parameter):
         wrapper._is_param = True
     if tensor.requires_grad:

@@ -33,6 +33,7 @@ class DeferredTensor(torch.Tensor):
     _engine: FusionEngine
     _error: BaseException | None
     _from_group: bool = False  # its value was computed by a flushed group (not eagerly)
+    _adopted: bool = False  # a module's parameter or buffer, or optimizer state (adopt.py)
 
     @staticmethod
     def __new__(

@@ -69,6 +69,7 @@ from tpunb.fuse.ops import OpFacts, facts, facts_by_id
 from tpunb.fuse.record import MAX_ENDS, NOT_FOLLOWED, Recorder
 from tpunb.fuse.rng import rng_as_recorded
 from tpunb.fuse.scan import ArgumentScan, all_scalar, is_argument, real_values, tensor_leaves
+from tpunb.fuse.settled import all_settled, mark, may_run_settled, small_outputs
 from tpunb.fuse.trace import Trace, tensor_meta
 from tpunb.fuse.views import INPLACE_VIEWS, STORAGE_CHANGING, as_recorded, restride
 from tpunb.fuse.workarounds import skip_dynamo_in
@@ -171,10 +172,13 @@ class FusionEngine:
         if func is READ_SCALAR and (value := self._settled_value(args[0])) is not None:
             self.counts["bookkeeping"] += 1
             return func(value)
+        op = facts(func)
+        if may_run_settled(op) and all_settled(args, kwargs, self.trace.dirty_storages):
+            self.counts["bookkeeping"] += 1  # a loop's small bookkeeping around its model (settled.py)
+            return mark(func(*real_values(args), **{k: real_values(v) for k, v in kwargs.items()}))
         result = self.recorder.follow(func, args, kwargs)
         if result is not NOT_FOLLOWED:
             return result
-        op = facts(func)
         scan = ArgumentScan()
         masked = op.floats_keep_metadata
         signature = (op.id, scan.signature(args, masked), scan.signature(kwargs, masked))
@@ -187,7 +191,8 @@ class FusionEngine:
             # metadata only, and plain tensors are never written inside a group, so it needs
             # no flush; recording it would bake its indices into the key of every batch.
             self.counts["bookkeeping"] += 1
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            return mark(out) if func is LIFT_FRESH else out  # torch.tensor(data) made here: settled.py
         try:
             outputs = self.meta.outputs(
                 signature if scan.hashable else None, func, args, kwargs, scan.metas, op.has_device_arg
@@ -196,6 +201,10 @@ class FusionEngine:
             outputs = NotDeferrable
         if not scan.pending and scan.all_scalar and (outputs is NotDeferrable or all_scalar(outputs)):
             return self._eager(func, op, args, kwargs, scan, bookkeeping=True)
+        factory = not scan.tensors and outputs is not NotDeferrable
+        if factory and may_run_settled(op) and small_outputs(outputs):
+            self.counts["bookkeeping"] += 1  # a small factory: settled.py
+            return mark(func(*args, **kwargs))
         if outputs is NotDeferrable:
             return self._eager(func, op, args, kwargs, scan)
         device = self._device_of(args, kwargs, scan)
@@ -205,7 +214,7 @@ class FusionEngine:
         if self.growing.covers(func, *where):
             # its input grows every step (growing.py): run it now, flushing only if it must;
             # its results stay plain, so a group reads them as copies if small (trace.py)
-            return self._eager(func, op, args, kwargs, scan, bookkeeping=True, wrap=False)
+            return mark(self._eager(func, op, args, kwargs, scan, bookkeeping=True, wrap=False))
         return self.recorder.record(func, op, args, kwargs, outputs, device, where)
 
     def _settled_value(self, tensor: Any) -> torch.Tensor | None:
@@ -507,6 +516,8 @@ STATUS_OF = {
 
 #: ``.item()``, ``bool()`` and friends reach the engine as this op.
 READ_SCALAR = torch.ops.aten._local_scalar_dense.default
+#: ``torch.tensor(data)`` reaches the engine as this op, on the tensor made from the data.
+LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 #: Sightings after which a shape compiles even during a recompile storm.
 HOT_SIGHTINGS = 3

@@ -48,6 +48,7 @@ from torch.utils._python_dispatch import _disable_current_modes, _get_current_di
 from tpunb.events import FusionGroup
 from tpunb.fuse.adopt import release_tensor
 from tpunb.fuse.deferred import DeferredTensor
+from tpunb.fuse.settled import mark
 
 if TYPE_CHECKING:
     from tpunb.fuse.engine import FusionEngine
@@ -180,7 +181,7 @@ class HotCall:
         compiled = counters["stats"]["unique_graphs"] - graphs
         engine.cache.count_whole_call(compiled, (time.perf_counter() - started) * 1000 if compiled else 0.0)
         self._publish(started, compiled)
-        return out
+        return mark(out)  # the loop around it works on these: settled.py
 
     def _publish(self, started: float, compiled: int) -> None:
         publish = self.engine._publish

@@ -1,0 +1,99 @@
+"""Small ops on settled values run at once, unrecorded: what a loop does around its model.
+
+A decode loop, once its model call is compiled whole (hotcalls.py), is left with the
+bookkeeping around it: logits processors, ``argmax``, stopping criteria, the next position,
+a mask grown by one. About 50 ops a step on a few thousand elements at most. Recorded, each
+costs the engine's 10-15 us and every few of them a flush, to save nothing: fused they run
+no faster than one by one (3-4 us each). So an op runs as it is when every tensor it reads
+is *settled* and small:
+
+* settled: a value the engine has (nothing pending computes or writes it) that is nobody's
+  state and no group's result, i.e. a wrapper an eager op made (not an adopted parameter,
+  buffer or optimizer state: their updates fuse into a training step; not a group's output:
+  the computation it came from goes on recording after a flush), or a plain tensor this
+  module, a hot call or another eager path of the engine returned (``mark``, which tags it);
+* small: at most ``SMALL_NUMEL`` elements (a batch of logits over a 32k vocabulary).
+
+Its results are plain tensors, tagged as settled, so the loop's next op runs the same way.
+Plain tensors from outside the engine (the user's data) are not tagged: ops on them record
+as before, so fusing the user's own computations is unchanged. A factory (no tensor
+argument: ``torch.arange``, ``torch.full``) with small results runs the same way, and so
+does ``torch.tensor(data)`` (``lift_fresh``). Ops that write an argument, draw random
+numbers, or are flush boundaries keep their rules (engine.py).
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import chain
+from typing import Any
+
+import torch
+
+from tpunb.fuse.deferred import DeferredTensor
+from tpunb.fuse.ops import OpFacts
+
+#: Elements an argument of a settled op may have: 2 x 16k logits (fp32: 128 KiB), and less.
+SMALL_NUMEL = 1 << 15
+#: The attribute that tags a plain tensor as settled (set on the tensor object).
+TAG = "_tpunb_settled"
+
+
+def may_run_settled(op: OpFacts) -> bool:
+    return op.returns_tensor and not op.mutated and not op.random and not op.boundary
+
+
+def all_settled(args: tuple, kwargs: dict[str, Any], dirty: set[int]) -> bool:
+    """Whether every tensor argument is small and settled (and there is at least one)."""
+    found = False
+    for value in chain(args, kwargs.values()):
+        if type(value) in (list, tuple):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    if not _settled(item, dirty):
+                        return False
+                    found = True
+        elif isinstance(value, torch.Tensor):
+            if not _settled(value, dirty):
+                return False
+            found = True
+    return found
+
+
+def _settled(tensor: torch.Tensor, dirty: set[int]) -> bool:
+    if type(tensor) is DeferredTensor:
+        value = tensor._value
+        return (
+            tensor._pending is None
+            and value is not None
+            and not tensor._adopted
+            and not tensor._from_group
+            and value.numel() <= SMALL_NUMEL
+            and not (dirty and value.untyped_storage().data_ptr() in dirty)
+        )
+    return getattr(tensor, TAG, False) and tensor.numel() <= SMALL_NUMEL
+
+
+def small_outputs(outputs: Any) -> bool:
+    """Whether a factory's outputs (their metadata, from meta inference) are all small."""
+    if outputs is None:
+        return True
+    if isinstance(outputs, list):
+        return all(small_outputs(o) for o in outputs)
+    return math.prod(outputs[0]) <= SMALL_NUMEL
+
+
+def mark(value: Any) -> Any:
+    """Tag the plain tensors in ``value`` (a tensor, a tuple or list of them, an HF output's
+    fields) as settled; returns ``value``."""
+    if type(value) is torch.Tensor:
+        setattr(value, TAG, True)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            if type(item) is torch.Tensor:
+                setattr(item, TAG, True)
+    elif isinstance(value, dict):  # transformers' ModelOutput is an OrderedDict
+        for item in value.values():
+            if type(item) is torch.Tensor:
+                setattr(item, TAG, True)
+    return value
