@@ -69,7 +69,7 @@ from tpunb.fuse.ops import OpFacts, facts, facts_by_id
 from tpunb.fuse.record import MAX_ENDS, NOT_FOLLOWED, Recorder
 from tpunb.fuse.rng import rng_as_recorded
 from tpunb.fuse.scan import ArgumentScan, all_scalar, is_argument, real_values, tensor_leaves
-from tpunb.fuse.settled import all_settled, mark, may_run_settled, small_outputs
+from tpunb.fuse.settled import all_settled, mark, small_outputs
 from tpunb.fuse.trace import Trace, tensor_meta
 from tpunb.fuse.views import INPLACE_VIEWS, STORAGE_CHANGING, as_recorded, restride
 from tpunb.fuse.workarounds import skip_dynamo_in
@@ -173,7 +173,7 @@ class FusionEngine:
             self.counts["bookkeeping"] += 1
             return func(value)
         op = facts(func)
-        if may_run_settled(op) and all_settled(args, kwargs, self.trace.dirty_storages):
+        if op.may_settle and all_settled(args, kwargs, self.trace.dirty_storages):
             self.counts["bookkeeping"] += 1  # a loop's small bookkeeping around its model (settled.py)
             return mark(func(*real_values(args), **{k: real_values(v) for k, v in kwargs.items()}))
         result = self.recorder.follow(func, args, kwargs)
@@ -202,7 +202,7 @@ class FusionEngine:
         if not scan.pending and scan.all_scalar and (outputs is NotDeferrable or all_scalar(outputs)):
             return self._eager(func, op, args, kwargs, scan, bookkeeping=True)
         factory = not scan.tensors and outputs is not NotDeferrable
-        if factory and may_run_settled(op) and small_outputs(outputs):
+        if factory and op.may_settle and small_outputs(outputs):
             self.counts["bookkeeping"] += 1  # a small factory: settled.py
             return mark(func(*args, **kwargs))
         if outputs is NotDeferrable:

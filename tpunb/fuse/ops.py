@@ -26,6 +26,7 @@ class OpFacts:
     has_device_arg: bool
     argument_names: tuple[str, ...]
     boundary: bool  # always runs on its own, never inside a group (JAX ops: JAX compiles them)
+    may_settle: bool  # may run at once on small settled values (settled.py): makes tensors, writes nothing
 
 
 #: Op namespaces that are flush boundaries: ``tpunb_jax`` ops run a JAX-compiled function.
@@ -74,6 +75,9 @@ def _compute(func: torch._ops.OpOverload, op_id: int) -> OpFacts:
         return_aliases.append(target)
         view_returns.append(alias is not None and not alias.is_write)
     tags = set(func.tags)
+    returns_tensor = any(_is_tensor_type(r.type) for r in schema.returns)
+    random = torch.Tag.nondeterministic_seeded in tags
+    boundary = func.namespace in BOUNDARY_NAMESPACES
     return OpFacts(
         id=op_id,
         name=str(func.overloadpacket),
@@ -81,11 +85,12 @@ def _compute(func: torch._ops.OpOverload, op_id: int) -> OpFacts:
         return_aliases=tuple(return_aliases),
         view_returns=tuple(view_returns),
         view_only=bool(view_returns) and all(view_returns) and not mutated,
-        returns_tensor=any(_is_tensor_type(r.type) for r in schema.returns),
+        returns_tensor=returns_tensor,
         # pointwise ops, and foreach ops (an optimizer's per-step scalars in a list)
         floats_keep_metadata=torch.Tag.pointwise in tags or func.__name__.startswith("_foreach_"),
-        random=torch.Tag.nondeterministic_seeded in tags,
+        random=random,
         has_device_arg=any(a.name == "device" for a in arguments),
         argument_names=tuple(a.name for a in arguments),
-        boundary=func.namespace in BOUNDARY_NAMESPACES,
+        boundary=boundary,
+        may_settle=returns_tensor and not mutated and not random and not boundary,
     )

@@ -25,13 +25,11 @@ numbers, or are flush boundaries keep their rules (engine.py).
 from __future__ import annotations
 
 import math
-from itertools import chain
 from typing import Any
 
 import torch
 
 from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.ops import OpFacts
 
 #: Elements an argument of a settled op may have: 2 x 16k logits (fp32: 128 KiB), and less.
 SMALL_NUMEL = 1 << 15
@@ -39,24 +37,21 @@ SMALL_NUMEL = 1 << 15
 TAG = "_tpunb_settled"
 
 
-def may_run_settled(op: OpFacts) -> bool:
-    return op.returns_tensor and not op.mutated and not op.random and not op.boundary
-
-
 def all_settled(args: tuple, kwargs: dict[str, Any], dirty: set[int]) -> bool:
-    """Whether every tensor argument is small and settled (and there is at least one)."""
+    """Whether every tensor argument is small and settled (and there is at least one).
+    Asked of every op first, so it returns at the first argument that is not."""
     found = False
-    for value in chain(args, kwargs.values()):
-        if type(value) in (list, tuple):
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(value, torch.Tensor):
+            if not _settled(value, dirty):
+                return False
+            found = True
+        elif type(value) in (list, tuple):
             for item in value:
                 if isinstance(item, torch.Tensor):
                     if not _settled(item, dirty):
                         return False
                     found = True
-        elif isinstance(value, torch.Tensor):
-            if not _settled(value, dirty):
-                return False
-            found = True
     return found
 
 
