@@ -26,6 +26,11 @@ calls through Dynamo, after flushing what is pending and handing it real tensors
 
 Outside fused scopes, with grad on or in train mode, the call is the module's own.
 
+Every hot module's compiled call starts in ``nn.Module._call_impl``, one code object, and
+Dynamo keeps at most ``recompile_limit`` (8) compiled versions of a code object: past 8 hot
+modules or recompiles in one process, Dynamo runs further ones as they are (with its
+warning), still outside recording, so as fast as strict mode, not faster.
+
 The first hot call compiles synchronously, as compile mode does (seconds; Dynamo compiles
 on the calling thread). A graph Inductor fails to compile runs as Dynamo captured it, op by
 op (``inductor_or_eager``), with a warning: slower, never wrong. (Dynamo's own
