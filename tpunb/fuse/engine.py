@@ -68,7 +68,7 @@ from tpunb.fuse.meta import MetaCache, NotDeferrable
 from tpunb.fuse.ops import OpFacts, facts, facts_by_id
 from tpunb.fuse.record import MAX_ENDS, NOT_FOLLOWED, Recorder
 from tpunb.fuse.rng import rng_as_recorded
-from tpunb.fuse.scan import ArgumentScan, all_scalar, is_argument, real_values, tensor_leaves
+from tpunb.fuse.scan import ArgumentScan, all_scalar, is_argument, run_on_values, tensor_leaves
 from tpunb.fuse.settled import all_settled, mark, small_outputs
 from tpunb.fuse.trace import Trace, tensor_meta
 from tpunb.fuse.views import INPLACE_VIEWS, STORAGE_CHANGING, as_recorded, restride
@@ -175,7 +175,7 @@ class FusionEngine:
         op = facts(func)
         if op.may_settle and all_settled(args, kwargs, self.trace.dirty_storages):
             self.counts["bookkeeping"] += 1  # a loop's small bookkeeping around its model (settled.py)
-            return mark(func(*real_values(args), **{k: real_values(v) for k, v in kwargs.items()}))
+            return mark(run_on_values(func, args, kwargs))
         result = self.recorder.follow(func, args, kwargs)
         if result is not NOT_FOLLOWED:
             return result
@@ -265,9 +265,7 @@ class FusionEngine:
             and not (bookkeeping and self._write_keeps_group(op, args, kwargs, scan))
         ):
             self.flush(op.name)
-        values_args = real_values(args)
-        values_kwargs = {k: real_values(v) for k, v in kwargs.items()}
-        out = func(*values_args, **values_kwargs)
+        out = run_on_values(func, args, kwargs)
         if op.name in STORAGE_CHANGING or op.name in INPLACE_VIEWS:
             self._refresh_metadata(args, kwargs, op)
         out = same_objects(func, args, kwargs, out)

@@ -159,16 +159,15 @@ class HotCall:
         self.tensors = [*module.parameters(), *module.buffers()]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        module = self.module_ref()
+        module = self.module_ref()  # alive: it is the module being called
         mode = _get_current_dispatch_mode()
         if (
-            module is None
-            or module.training
+            module.training
             or torch.is_grad_enabled()
             or getattr(mode, "engine", None) is not self.engine
             or not self.engine.options.compile
         ):
-            return module._call_impl(*args, **kwargs) if module is not None else None
+            return module._call_impl(*args, **kwargs)
         return self._run_compiled(module, args, kwargs)
 
     def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:

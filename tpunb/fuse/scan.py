@@ -148,6 +148,11 @@ def real_values(value: Any) -> Any:
     return value
 
 
+def run_on_values(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """Run ``func`` on the real tensors behind its arguments (an op the engine runs eagerly)."""
+    return func(*real_values(args), **{k: real_values(v) for k, v in kwargs.items()})
+
+
 def tensor_leaves(value: Any, plain: bool = False) -> Iterator[Any]:
     """DeferredTensors in a (possibly list) argument; with ``plain``, every tensor."""
     if isinstance(value, DeferredTensor) or (plain and isinstance(value, torch.Tensor)):

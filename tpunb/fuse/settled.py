@@ -81,14 +81,11 @@ def small_outputs(outputs: Any) -> bool:
 def mark(value: Any) -> Any:
     """Tag the plain tensors in ``value`` (a tensor, a tuple or list of them, an HF output's
     fields) as settled; returns ``value``."""
-    if type(value) is torch.Tensor:
-        setattr(value, TAG, True)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            if type(item) is torch.Tensor:
-                setattr(item, TAG, True)
-    elif isinstance(value, dict):  # transformers' ModelOutput is an OrderedDict
-        for item in value.values():
-            if type(item) is torch.Tensor:
-                setattr(item, TAG, True)
+    if isinstance(value, dict):  # transformers' ModelOutput is an OrderedDict
+        items = value.values()
+    else:
+        items = value if isinstance(value, (list, tuple)) else (value,)
+    for item in items:
+        if type(item) is torch.Tensor:
+            setattr(item, TAG, True)
     return value
