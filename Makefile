@@ -24,6 +24,17 @@ STAMP := $(VENV)/.tpunb-installed
 COLAB_PACKAGES ?= torch==2.9.0 torch_xla==2.9.0 jax==0.7.2 jaxlib==0.7.2 flax==0.12.0
 KAGGLE_PACKAGES ?= torch==2.8.0 torch_xla==2.8.0 jax==0.6.2 jaxlib==0.6.2 flax==0.10.7 ipykernel==6.29.5
 TORCHTPU_PACKAGES ?= torch==2.13.0 torch_tpu==0.2.0 jax==0.10.2
+# How each image's packages go in. Colab's and Kaggle's torch are CUDA builds from PyPI, about
+# 8 GB each and mostly the same NVIDIA libraries: uv installs them as hard links into one cache
+# under build/ (the same file system as the venvs, so links never fall back to copies), and the
+# second venv costs only what differs (about 3 GB). torch_tpu's torch is the CPU build that pip
+# finds through its own configuration, which uv does not read. Neither keeps a second copy of
+# what it downloads: a CI machine's disk ran out on the pip cache.
+UV_INSTALL = UV_CACHE_DIR=build/uv-cache $(BIN)/uv pip install --python .venv-$*/bin/python
+PIP_INSTALL = .venv-$*/bin/python -m pip install --no-cache-dir
+COLAB_INSTALL = $(UV_INSTALL)
+KAGGLE_INSTALL = $(UV_INSTALL)
+TORCHTPU_INSTALL = $(PIP_INSTALL)
 # The runtime suites import the installed wheel, never this checkout: PYTHONSAFEPATH keeps
 # the working directory off sys.path, in pytest and in the kernels it starts.
 RUNTIME_ENV := PYTHONSAFEPATH=1 OMP_NUM_THREADS=1
@@ -93,15 +104,15 @@ $(WHEEL_STAMP): $(TPUNB_SOURCES) | $(STAMP)
 # list takes effect in a new venv (CI's are new; here, remove .venv-NAME).
 # (kept: make would otherwise delete it as an intermediate file once tpunb is installed)
 .PRECIOUS: .venv-%/image.txt
-.venv-%/image.txt:
+.venv-%/image.txt: | $(STAMP)
 	$(PYTHON) -m venv .venv-$*
-	.venv-$*/bin/python -m pip install --upgrade pip
-	.venv-$*/bin/python -m pip install $($(shell echo $* | tr a-z A-Z)_PACKAGES)
+	.venv-$*/bin/python -m pip install --no-cache-dir --upgrade pip
+	$($(shell echo $* | tr a-z A-Z)_INSTALL) $($(shell echo $* | tr a-z A-Z)_PACKAGES)
 	.venv-$*/bin/python -m pip freeze > $@
 
 .venv-%/.tpunb-installed: .venv-%/image.txt $(WHEEL_STAMP)
 	.venv-$*/bin/python -m pip uninstall --yes --quiet tpunb
-	.venv-$*/bin/python -m pip install "$$(ls build/wheel/tpunb-*.whl)[kernel-tests]"
+	$(PIP_INSTALL) "$$(ls build/wheel/tpunb-*.whl)[kernel-tests]"
 	touch $@
 
 test-xla: test-colab test-kaggle
