@@ -50,6 +50,54 @@ def test_value_read_inside_a_fused_cell_is_its_own_group_at_the_users_line(xla_k
     assert xla_kernel.value("b.cpu().tolist()") == [45.0, 48.0, 51.0, 54.0, 57.0, 60.0]
 
 
+#: A decoder step with a static KV cache written in place at a tensor position, and a
+#: stopping check that reads a value every token, as HF generate() has.
+DECODE = """
+torch.manual_seed(0)
+VOCAB, DIM, MAX_LEN = 64, 32, 24
+emb = torch.nn.Embedding(VOCAB, DIM).to("xla")
+wq, wk, wv = (torch.nn.Linear(DIM, DIM).to("xla") for _ in range(3))
+head = torch.nn.Linear(DIM, VOCAB).to("xla")
+
+
+def decode(steps):
+    k_cache = torch.zeros(1, MAX_LEN, DIM, device="xla")
+    v_cache = torch.zeros(1, MAX_LEN, DIM, device="xla")
+    token, position = torch.tensor([[1]], device="xla"), torch.tensor([0], device="xla")
+    positions = torch.arange(MAX_LEN, device="xla")
+    tokens = []
+    with torch.no_grad():
+        for _ in range(steps):
+            h = emb(token)
+            k_cache.index_copy_(1, position, wk(h))
+            v_cache.index_copy_(1, position, wv(h))
+            scores = (wq(h) @ k_cache.transpose(1, 2)).masked_fill(positions > position, float("-inf"))
+            token = head(scores.softmax(-1) @ v_cache)[:, -1].argmax(-1, keepdim=True)
+            tokens.append(token)
+            position = position + 1
+            if bool((token == VOCAB).all()):  # never true: the read every step is the point
+                break
+    return torch.cat(tokens, 1).cpu()
+"""
+
+
+def test_fused_decoding_with_a_static_cache_compiles_one_step_graph(xla_kernel: Kernel) -> None:
+    """A value read runs everything pending (xla_value_reads.py): every step is the same graph.
+    torch_xla alone runs only what the read needs, and each step's graph then carries the
+    cache writes of all the steps before it: a compile per token."""
+    assert xla_kernel.run(DECODE).error is None
+    assert xla_kernel.run("%%tpu_mode strict\nexpected = decode(16)").error is None
+    result = xla_kernel.run("%%tpu_mode fused\ntokens = decode(16)")
+    assert result.error is None, result.error
+    assert last_cell(xla_kernel)["counters"]["graphs compiled"] <= 3  # the first step, the others, the cat
+    assert xla_kernel.value("torch.equal(tokens, expected)") is True
+    triggers = [g["trigger"] for g in xla_kernel.value("tpunb.stats()['groups'][-16:]")]
+    assert all(trigger.startswith("value read at ") for trigger in triggers[:-1]), triggers
+    assert xla_kernel.run("%%tpu_mode fused\ntokens = decode(16)").error is None
+    assert last_cell(xla_kernel)["counters"].get("graphs compiled", 0) == 0  # the same graphs again
+    assert xla_kernel.value("torch.equal(tokens, expected)") is True
+
+
 def test_strict_runs_one_cached_graph_per_op(xla_kernel: Kernel) -> None:
     assert xla_kernel.run("xs = torch.randn(16, 16, device='xla')").error is None
     result = xla_kernel.run("%%tpu_mode strict\n" + CHAIN.replace("x\n", "xs\n", 1))

@@ -6,7 +6,8 @@ The modes map onto torch_xla's own switches:
   ``torch_xla.sync(wait=True)`` only waits for the enqueue), plus tpunb's NaN/Inf and
   bounds checks naming the user's line;
 - fused: lazy tracing; the scope ends with ``torch_xla.sync()`` and a barrier, so each cell
-  is one graph (plus one per place torch_xla materializes by itself, such as ``.item()``);
+  is one graph, plus one per value read (``.item()``, ``if tensor:``, ``.cpu()``), which
+  runs everything pending, not only what the value needs (xla_value_reads.py);
 - compile: cells run through ``torch_xla.compile`` (one traced graph, training steps
   included), ``tpunb.compile`` through ``torch.compile(backend="openxla")``.
 
@@ -32,6 +33,8 @@ from tpunb.runtimes.base import CPU_FALLBACK, CacheDirError, CacheStats, MemoryI
 from tpunb.runtimes.hardware import scan_tpu
 from tpunb.runtimes.xla_graphs import GraphLog, GraphRun
 from tpunb.runtimes.xla_shape_guard import RAISES_SINCE, DotShapeGuard
+from tpunb.runtimes.xla_value_reads import THIS_FILE as VALUE_READS_FILE
+from tpunb.runtimes.xla_value_reads import SyncAtValueReads
 from tpunb.source import is_internal_file, location_of
 from tpunb.versions import distribution_version, release, torch_xla_mismatch
 
@@ -128,7 +131,8 @@ class XlaRuntime:
             with self._eager(True), checks:
                 yield
         else:  # fused, and compile (whose uncompiled cells trace lazily like fused ones)
-            with self._eager(False):
+            reads = SyncAtValueReads(self._torch_xla.sync) if config.mode is Mode.FUSED else None
+            with self._eager(False), reads or contextlib.nullcontext():
                 try:
                     yield
                 finally:
@@ -300,8 +304,10 @@ def _fusion_group(run: GraphRun, *, ops: int, compile_ms: float | None, run_ms: 
     """One executed XLA graph as a fusion-group record."""
     user = next(((file, line) for _, file, line in run.frames if not is_internal_file(file)), None)
     where = location_of(*user).label if user else None
-    own_sync = run.cause == "torch_xla.sync()" and any(file == _THIS_FILE for _, file, _ in run.frames)
-    trigger = "cell end" if own_sync else run.cause
+    files = {file for _, file, _ in run.frames}
+    own_sync = run.cause == "torch_xla.sync()" and _THIS_FILE in files
+    read_sync = run.cause == "torch_xla.sync()" and VALUE_READS_FILE in files
+    trigger = "cell end" if own_sync else "value read" if read_sync else run.cause
     return FusionGroup(
         key=run.graph_hash[:12],
         ops=ops,
