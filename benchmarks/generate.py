@@ -6,8 +6,9 @@
 For each model and cache, in one run: strict (plain eager), fused (tpunb's engine, as a
 notebook cell would run it: the model's calls after its 3rd become one compiled call, the
 loop around them runs at once) and ``torch.compile`` of the model's forward. "first" is
-each mode's first call in seconds, compiles included; tokens/s is the median of
-``--repeats`` rounds that time one call of each mode in turn (so a busy moment of the
+each mode's first call in seconds, compiles included; "1st tok ms" is the time from a call to
+its first new token (the prompt's pass), the median over the timed calls; tokens/s is the
+median of ``--repeats`` rounds that time one call of each mode in turn (so a busy moment of the
 machine slows all alike), after a second call (fused: its background compiles finished
 first). "compiles" is what the mode compiled in its first two calls, from a fresh
 Dynamo (fused: groups and Dynamo graphs; compile: Dynamo graphs). Every call's tokens are
@@ -40,6 +41,7 @@ class Result:
     cache: str
     mode: str
     first_s: float
+    first_token_ms: float
     tokens_per_s: float
     compiles: int
     equal: bool
@@ -73,13 +75,40 @@ def build(name: str) -> Any:
     raise SystemExit(f"unknown model {name!r}; accepted: llama, gpt2, smollm2")
 
 
-def generate_call(model: Any, ids: torch.Tensor, cache: str, new_tokens: int) -> Callable[[], torch.Tensor]:
+class FirstToken:
+    """A ``generate()`` streamer that notes when the first new token came: generate hands a
+    streamer the prompt first, then each token as it is chosen."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.seconds: float | None = None
+        self._puts = 0
+
+    def start(self) -> None:
+        self.started, self.seconds, self._puts = time.perf_counter(), None, 0
+
+    def put(self, value: torch.Tensor) -> None:
+        self._puts += 1
+        if self._puts == 2:
+            self.seconds = time.perf_counter() - self.started
+
+    def end(self) -> None:
+        pass
+
+
+def generate_call(
+    model: Any, ids: torch.Tensor, cache: str, new_tokens: int, first_token: FirstToken | None = None
+) -> Callable[[], torch.Tensor]:
     options: dict[str, Any] = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
+    if first_token is not None:
+        options["streamer"] = first_token
     if cache == "static":
         options["cache_implementation"] = "static"
     mask = torch.ones_like(ids)
 
     def call() -> torch.Tensor:
+        if first_token is not None:
+            first_token.start()
         with torch.no_grad():
             return model.generate(ids, attention_mask=mask, pad_token_id=0, **options)
 
@@ -151,7 +180,8 @@ def measure(name: str, cache: str, args: argparse.Namespace) -> list[Result]:
     model = build(name)
     torch.manual_seed(1)
     ids = torch.randint(3, model.config.vocab_size, (args.batch, PROMPT_LENGTH))
-    call = generate_call(model, ids, cache, args.new_tokens)
+    first_token = FirstToken()
+    call = generate_call(model, ids, cache, args.new_tokens, first_token)
     first, reference = timed(call)
     ways, firsts, equal, compiles = [strict_way(call)], {"strict": first}, {"strict": True}, {"strict": 0}
     for make in (fused_way, compile_way):
@@ -165,10 +195,12 @@ def measure(name: str, cache: str, args: argparse.Namespace) -> list[Result]:
     for way in ways:
         way.call()  # what the reset above dropped compiles again, before the timing
     times: dict[str, list[float]] = {way.mode: [] for way in ways}
+    first_tokens: dict[str, list[float]] = {way.mode: [] for way in ways}
     for _ in range(args.repeats):
         for way in ways:
             seconds, out = timed(way.call)
             times[way.mode].append(seconds)
+            first_tokens[way.mode].append(first_token.seconds)
             equal[way.mode] = equal[way.mode] and torch.equal(out, reference)
     tokens = args.new_tokens * args.batch
     return [
@@ -177,6 +209,7 @@ def measure(name: str, cache: str, args: argparse.Namespace) -> list[Result]:
             cache,
             way.mode,
             firsts[way.mode],
+            statistics.median(first_tokens[way.mode]) * 1000,
             tokens / statistics.median(times[way.mode]),
             compiles[way.mode],
             equal[way.mode],
@@ -187,7 +220,8 @@ def measure(name: str, cache: str, args: argparse.Namespace) -> list[Result]:
 
 def table(results: list[Result]) -> str:
     head = (
-        f"{'model':<8} {'cache':<8} {'mode':<8} {'first s':>8} {'tok/s':>8} {'x strict':>9} {'compiles':>9}"
+        f"{'model':<8} {'cache':<8} {'mode':<8} {'first s':>8} {'1st tok ms':>10} {'tok/s':>8} "
+        f"{'x strict':>9} {'compiles':>9}"
     )
     head += "  tokens"
     lines = [head]
@@ -196,8 +230,8 @@ def table(results: list[Result]) -> str:
         ratio = r.tokens_per_s / strict[(r.model, r.cache)]
         same = "= strict" if r.equal else "DIFFER"
         lines.append(
-            f"{r.model:<8} {r.cache:<8} {r.mode:<8} {r.first_s:8.2f} {r.tokens_per_s:8.1f} "
-            f"{ratio:8.2f}x {r.compiles:9d}  {same}"
+            f"{r.model:<8} {r.cache:<8} {r.mode:<8} {r.first_s:8.2f} {r.first_token_ms:10.1f} "
+            f"{r.tokens_per_s:8.1f} {ratio:8.2f}x {r.compiles:9d}  {same}"
         )
     return "\n".join(lines)
 

@@ -64,6 +64,10 @@ def test_generation_compiles_the_model_whole_and_gives_strict_tokens(name, cache
     assert [run.status for run in runs[-16:]].count("hit") >= 14
     compiled = counters["stats"]["unique_graphs"] - graphs
     assert 1 <= compiled <= (3 if cache == "static" else 5), compiled  # prefill, decode (, dynamic length)
+    # and nothing else compiled: not the groups the model's first calls recorded (they do not
+    # come back once it is hot), nor generate's checks (tiny groups)
+    engine.cache.wait_idle()
+    assert engine.stats()["compiles"] == compiled
 
 
 def test_a_hand_written_decode_loop_is_compiled_whole():
@@ -175,3 +179,28 @@ def test_compiling_off_keeps_every_call_recorded():
         for _ in range(HOT_AFTER + 2):
             model(torch.randn(2, 8))
     assert model._compiled_call_impl is None
+
+
+def test_a_module_dynamo_fails_on_is_recorded_from_then_on(monkeypatch):
+    from torch._dynamo.exc import InternalTorchDynamoError
+
+    def broken(*args, **kwargs):
+        raise InternalTorchDynamoError("dynamo exploded")
+
+    model = small_model().eval()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        expected = model(x)
+    engine = FusionEngine(torch.device("cpu"))
+    with engine.scope(BACKGROUND, adopt=(model,)), torch.no_grad():
+        for _ in range(HOT_AFTER):
+            model(x)
+        monkeypatch.setattr(model._compiled_call_impl, "compiled", broken)
+        with pytest.warns(RuntimeWarning, match="dynamo exploded"), pytest.raises(InternalTorchDynamoError):
+            model(x)
+        recorded = engine.counts["recorded"] + engine.counts["followed"]
+        outs = [model(x) for _ in range(HOT_AFTER + 1)]  # never hot again
+        assert model._compiled_call_impl is None
+        assert engine.counts["recorded"] + engine.counts["followed"] > recorded
+    for out in outs:
+        torch.testing.assert_close(out.materialized() if isinstance(out, DeferredTensor) else out, expected)

@@ -18,9 +18,14 @@ from hypothesis import strategies as st
 
 from tpunb.events import EventBus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
+from tpunb.fuse.settled import SMALL_NUMEL
 
 REPLAY = FuseOptions(compile=False)  # the known path is the same with or without a compile
 COMPILED = FuseOptions(sync_compile=True)
+
+
+#: Rows enough for a group on them to compile (a tiny one would not: engine.TINY_OPS).
+WIDE = SMALL_NUMEL // 6 + 1
 
 
 def fused_run(engine: FusionEngine, step, *args, options: FuseOptions = REPLAY, **kwargs):
@@ -100,7 +105,7 @@ def test_a_divergence_anywhere_gives_strict_numbers(change):
 def test_a_known_step_hits_the_compiled_group_and_names_the_users_line():
     bus = EventBus()
     engine = FusionEngine(torch.device("cpu"), bus.publish)
-    x, w = torch.randn(4, 6), torch.randn(6, 6)
+    x, w = torch.randn(WIDE, 6), torch.randn(6, 6)  # not a tiny group: it compiles
     for _ in range(4):
         got = fused_run(engine, variant_step, x, w, options=COMPILED)
     torch.testing.assert_close(got, variant_step(x, w))
@@ -218,7 +223,7 @@ def test_random_programs_through_the_known_path_equal_strict(program, diverge_at
 def test_groups_report_capture_time_and_what_their_ops_cost_one_by_one():
     bus = EventBus()
     engine = FusionEngine(torch.device("cpu"), bus.publish)
-    x, w = torch.randn(4, 6), torch.randn(6, 6)
+    x, w = torch.randn(WIDE, 6), torch.randn(6, 6)  # not a tiny group: it compiles
     for _ in range(3):  # replayed, replayed while compiling, then a hit
         fused_run(engine, variant_step, x, w, options=FuseOptions())
         engine.cache.wait_idle()

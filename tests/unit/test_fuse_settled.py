@@ -8,6 +8,7 @@ import torch
 
 from tpunb.events import EventBus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
+from tpunb.fuse.engine import TINY_OPS
 from tpunb.fuse.settled import SMALL_NUMEL, TAG
 
 REPLAY = FuseOptions(compile=False)
@@ -56,6 +57,36 @@ def test_big_factories_and_group_results_keep_recording():
     assert len(bus.recent("group")) == 2
 
 
+def test_a_big_factory_runs_at_once_as_an_eager_result_and_what_reads_it_records():
+    engine, bus = engine_and_bus()
+    with engine.scope(REPLAY):
+        big = torch.zeros(SMALL_NUMEL + 1)
+        assert type(big) is DeferredTensor and big._pending is None  # made, not recorded
+        out = big + 1
+        assert out._pending is not None
+    assert out.materialized().sum().item() == SMALL_NUMEL + 1
+    assert len(bus.recent("group")) == 1
+
+
+def test_a_tiny_groups_results_are_settled_a_bigger_groups_go_on_recording():
+    """A tiny group never compiles (engine.TINY_OPS): its results are as good as an eager op's."""
+    engine, _ = engine_and_bus()
+    x = torch.randn(8)
+    with engine.scope(REPLAY):
+        doubled = x * 2
+        doubled.sum().item()  # flushes a group of 2 ops
+        after_tiny = doubled + 1
+        chain = x
+        for _ in range(TINY_OPS):
+            chain = chain * 1.5
+        chain.sum().item()  # flushes a group of TINY_OPS + 1 ops
+        after_chain = chain + 1
+    assert type(after_tiny) is torch.Tensor and getattr(after_tiny, TAG)  # ran at once
+    assert type(after_chain) is DeferredTensor  # recorded: its computation goes on
+    torch.testing.assert_close(after_tiny, x * 2 + 1)
+    torch.testing.assert_close(after_chain.materialized(), x * 1.5**TINY_OPS + 1)
+
+
 def test_writes_into_settled_values_keep_their_rules():
     engine, _ = engine_and_bus()
     with engine.scope(REPLAY):
@@ -64,7 +95,8 @@ def test_writes_into_settled_values_keep_their_rules():
         counts += 1
         counts[1] = 7
         both = pending * counts  # reads the written settled value
-    torch.testing.assert_close(both.materialized(), pending.materialized() * torch.tensor([1.0, 7.0, 1.0]))
+    both, pending = (t.materialized() if type(t) is DeferredTensor else t for t in (both, pending))
+    torch.testing.assert_close(both, pending * torch.tensor([1.0, 7.0, 1.0]))
     assert counts.tolist() == [1, 7, 1]
 
 

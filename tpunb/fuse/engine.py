@@ -29,6 +29,7 @@ wrappers, and publish a FusionGroup record.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from collections import Counter
@@ -69,7 +70,7 @@ from tpunb.fuse.ops import OpFacts, facts, facts_by_id
 from tpunb.fuse.record import MAX_ENDS, NOT_FOLLOWED, Recorder
 from tpunb.fuse.rng import rng_as_recorded
 from tpunb.fuse.scan import ArgumentScan, all_scalar, is_argument, run_on_values, tensor_leaves
-from tpunb.fuse.settled import all_settled, mark, small_outputs
+from tpunb.fuse.settled import NO_TENSORS, PLAIN, SMALL_NUMEL, mark, settled_arguments, small
 from tpunb.fuse.trace import Trace, tensor_meta
 from tpunb.fuse.views import INPLACE_VIEWS, STORAGE_CHANGING, as_recorded, restride
 from tpunb.fuse.workarounds import skip_dynamo_in
@@ -159,23 +160,32 @@ class FusionEngine:
 
     def dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
+        op = facts(func)
+        if op.may_settle and (settled := settled_arguments(args, kwargs, self.trace.dirty_storages)):
+            # a loop's small bookkeeping around its model, and factories, run at once
+            # (settled.py): nothing is recorded, so no interrupt needs holding
+            if settled == NO_TENSORS:
+                out = func(*args, **kwargs)
+                if not small(out):
+                    self.counts["eager"] += 1
+                    return self._wrap_new(out, args, kwargs)
+            else:
+                out = func(*args, **kwargs) if settled == PLAIN else run_on_values(func, args, kwargs)
+            self.counts["bookkeeping"] += 1
+            return mark(out)
         trace, started = self.trace, time.perf_counter()
         with self.interrupts:  # an interrupt waits until the op is recorded or run
             try:
-                return self._dispatch(func, args, kwargs)
+                return self._dispatch(func, op, args, kwargs)
             finally:
                 if self.trace is trace:  # (an op that flushed is counted with its group's run)
                     trace.capture_s += time.perf_counter() - started
 
-    def _dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def _dispatch(self, func: torch._ops.OpOverload, op: OpFacts, args: tuple, kwargs: dict[str, Any]) -> Any:
         __tracebackhide__ = True
         if func is READ_SCALAR and (value := self._settled_value(args[0])) is not None:
             self.counts["bookkeeping"] += 1
             return func(value)
-        op = facts(func)
-        if op.may_settle and all_settled(args, kwargs, self.trace.dirty_storages):
-            self.counts["bookkeeping"] += 1  # a loop's small bookkeeping around its model (settled.py)
-            return mark(run_on_values(func, args, kwargs))
         result = self.recorder.follow(func, args, kwargs)
         if result is not NOT_FOLLOWED:
             return result
@@ -201,10 +211,6 @@ class FusionEngine:
             outputs = NotDeferrable
         if not scan.pending and scan.all_scalar and (outputs is NotDeferrable or all_scalar(outputs)):
             return self._eager(func, op, args, kwargs, scan, bookkeeping=True)
-        factory = not scan.tensors and outputs is not NotDeferrable
-        if factory and op.may_settle and small_outputs(outputs):
-            self.counts["bookkeeping"] += 1  # a small factory: settled.py
-            return mark(func(*args, **kwargs))
         if outputs is NotDeferrable:
             return self._eager(func, op, args, kwargs, scan)
         device = self._device_of(args, kwargs, scan)
@@ -329,7 +335,7 @@ class FusionEngine:
             return
         # the group's own ops are not recorded; an interrupt waits until its results are handed out
         with self.interrupts, _disable_current_modes(), torch.no_grad():
-            trace, self.trace = self.trace, Trace()
+            trace, self.trace = self.trace, Trace(warming=self.hot.warming)
             try:
                 self._flush(trace, reason, locate(sys._getframe(1)))
             except BaseException as error:  # failed: its results are lost, inputs stay real
@@ -368,7 +374,10 @@ class FusionEngine:
                 variant.state, variant.error = VariantState.FAILED, "compilation off"
             self.cache.add(skeleton, key, variant)
         variant.sightings += 1
-        if variant.state is VariantState.SEEN and self._worth_compiling(variant, family, repeat):
+        small = tiny(trace)
+        if variant.state is VariantState.SEEN and self._worth_compiling(
+            variant, family, repeat, trace.warming, small
+        ):
             if self.cache.count_family(family) == STORM_VARIANTS:
                 warn_storm(trace, STORM_VARIANTS)
             self._schedule(trace, outputs, variant, name=short_hash(skeleton, key))
@@ -381,7 +390,7 @@ class FusionEngine:
             variant.replay_ms = (time.perf_counter() - ran) * 1000
         for wrapper, value in zip(waiting, values, strict=True):
             wrapper._value, wrapper._pending = as_recorded(wrapper, value), None
-            wrapper._from_group = True
+            wrapper._from_group = not small  # a tiny group's results are settled (settled.py)
         for wrapper in written:
             wrapper._pending = None
         self.groups += 1
@@ -421,11 +430,21 @@ class FusionEngine:
         except ReplayError as failure:
             raise FusedOpError(describe_failure(trace, failure)) from failure.error
 
-    def _worth_compiling(self, variant: Variant, family: int, repeat: bool) -> bool:
+    def _worth_compiling(
+        self, variant: Variant, family: int, repeat: bool, warming: bool, small: bool
+    ) -> bool:
         """Compile on the second sighting (or the first, with ``sync_compile``). Once an op
         sequence has compiled for ``STORM_VARIANTS`` shapes (a recompile storm), a new shape
         compiles only when it keeps coming back: the fix for a storm (padding to one shape)
-        then still ends in compiled steps, while one-off shapes keep running op by op."""
+        then still ends in compiled steps, while one-off shapes keep running op by op.
+
+        Never compiled: a *tiny* group (at most ``TINY_OPS`` ops, every input and output
+        small: settled.py), which runs op by op in tens of microseconds, so a compile of a
+        second or more would take tens of thousands of runs to repay (a ``generate()`` call's
+        checks of its inputs, its stopping criteria); and a *warming* one, recorded in a call
+        of a module about to be compiled whole (hotcalls.py), which will not come back."""
+        if warming or small:
+            return False
         if self.cache.storming(family):
             return variant.sightings >= HOT_SIGHTINGS
         return self.options.sync_compile or repeat
@@ -516,6 +535,29 @@ STATUS_OF = {
 READ_SCALAR = torch.ops.aten._local_scalar_dense.default
 #: ``torch.tensor(data)`` reaches the engine as this op, on the tensor made from the data.
 LIFT_FRESH = torch.ops.aten.lift_fresh.default
+
+#: Ops a group may have and still be too small to compile (with small inputs and outputs).
+TINY_OPS = 16
+
+
+def tiny(trace: Trace) -> bool:
+    """Whether a group is too small to repay a compile (``_worth_compiling``): few ops, and
+    every tensor it reads or makes (its intermediates too) small."""
+    return (
+        len(trace.ops) <= TINY_OPS
+        and all(tensor.numel() <= SMALL_NUMEL for tensor in trace.inputs)
+        and all(_small_metas(op.outputs) for op in trace.ops)
+    )
+
+
+def _small_metas(metas: Any) -> bool:
+    """Whether recorded output metadata (meta.py: a tensor's, a list of them, or None) is small."""
+    if metas is None:
+        return True
+    if isinstance(metas, list):
+        return all(_small_metas(meta) for meta in metas)
+    return math.prod(metas[0]) <= SMALL_NUMEL
+
 
 #: Sightings after which a shape compiles even during a recompile storm.
 HOT_SIGHTINGS = 3

@@ -26,6 +26,11 @@ calls through Dynamo, after flushing what is pending and handing it real tensors
 
 Outside fused scopes, with grad on or in train mode, the call is the module's own.
 
+The calls before it turns hot are recorded as usual, but the traces they touch are marked
+*warming* and their groups are not compiled (engine.py): they will not come back, so their
+compiles (one per distinct layer group of each of the first calls, seconds each) would only
+keep the compile worker busy, and a ``generate()`` call would count them.
+
 Every hot module's compiled call starts in ``nn.Module._call_impl``, one code object, and
 Dynamo keeps at most ``recompile_limit`` (8) compiled versions of a code object: past 8 hot
 modules or recompiles in one process, Dynamo runs further ones as they are (with its
@@ -65,6 +70,8 @@ if TYPE_CHECKING:
 #: Outermost no-grad eval-mode calls in fused scopes after which a module is compiled whole.
 HOT_AFTER = 3
 ModuleCallback = Callable[[torch.nn.Module], None]
+#: A module's call count once Dynamo has failed on it: never eligible again.
+REFUSED = -1
 #: How deep into argument objects (a cache, its list of layers, each layer) adopted tensors are looked for.
 OBJECT_DEPTH = 4
 
@@ -125,18 +132,29 @@ class HotCalls:
         self.hooks = ModuleCallHooks(self._before, self._after)
         self._depth = 0
         self._calls: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+        #: inside an outermost call of a module that is compiled whole from its next call or
+        #: soon: what is recorded now will not be recorded again (engine.py: not compiled)
+        self.warming = False
 
     def _before(self, module: torch.nn.Module) -> None:
         self.engine.adoption.on_module_call(module)
         if self._depth == 0 and self._eligible(module):
             calls = self._calls.get(module, 0) + 1
             self._calls[module] = calls
+            self.warming = self.engine.trace.warming = True
             if calls >= HOT_AFTER:
                 module._compiled_call_impl = HotCall(self.engine, module)
         self._depth += 1
 
     def _after(self, module: torch.nn.Module) -> None:
         self._depth = max(0, self._depth - 1)
+        if self._depth == 0:
+            self.warming = False
+
+    def refuse(self, module: torch.nn.Module) -> None:
+        """Never compile ``module`` whole again (Dynamo failed on it): its calls are recorded."""
+        module._compiled_call_impl = None
+        self._calls[module] = REFUSED
 
     def _eligible(self, module: torch.nn.Module) -> bool:
         return (
@@ -144,6 +162,7 @@ class HotCalls:
             and not torch.is_grad_enabled()
             and not module.training
             and module._compiled_call_impl is None  # not compiled already (by us or nn.Module.compile)
+            and self._calls.get(module) != REFUSED
         )
 
 
@@ -188,7 +207,7 @@ class HotCall:
             try:
                 out = self.compiled(*args, **kwargs)
             except InternalTorchDynamoError as error:
-                module._compiled_call_impl = None  # recorded from the next call on
+                engine.hot.refuse(module)  # recorded from the next call on
                 warnings.warn(
                     f"tpunb fused: Dynamo failed on {self.name}'s call ({error}); its calls are recorded "
                     "from now on",

@@ -17,14 +17,16 @@ is *settled* and small:
 Its results are plain tensors, tagged as settled, so the loop's next op runs the same way.
 Plain tensors from outside the engine (the user's data) are not tagged: ops on them record
 as before, so fusing the user's own computations is unchanged. A factory (no tensor
-argument: ``torch.arange``, ``torch.full``) with small results runs the same way, and so
-does ``torch.tensor(data)`` (``lift_fresh``). Ops that write an argument, draw random
-numbers, or are flush boundaries keep their rules (engine.py).
+argument: ``torch.arange``, ``torch.full``) runs at once too: its small results are tagged,
+big ones become materialized wrappers, as an eager op's results do (a group reads them as
+inputs). So does ``torch.tensor(data)`` (``lift_fresh``). The results of a *tiny* group,
+which replays op by op and never compiles (engine.py), are settled like an eager op's. Ops
+that write an argument, draw random numbers, or are flush boundaries keep their rules
+(engine.py).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -37,28 +39,36 @@ SMALL_NUMEL = 1 << 15
 TAG = "_tpunb_settled"
 
 
-def all_settled(args: tuple, kwargs: dict[str, Any], dirty: set[int]) -> bool:
-    """Whether every tensor argument is small and settled (and there is at least one).
-    Asked of every op first, so it returns at the first argument that is not."""
-    found = False
+#: What ``settled_arguments`` answers: not settled (record as usual), no tensor arguments (a
+#: factory: settled if its results are small), settled plain tensors only (run the op on its
+#: arguments as they are), settled with wrappers among them (run it on their values).
+NOT_SETTLED, NO_TENSORS, PLAIN, WRAPPED = 0, 1, 2, 3
+
+
+def settled_arguments(args: tuple, kwargs: dict[str, Any], dirty: set[int]) -> int:
+    """Whether every tensor argument is small and settled, and whether any is a wrapper.
+    Asked of every op first, so it returns at the first argument that is not settled."""
+    found = NO_TENSORS
     for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, torch.Tensor):
-            if not _settled(value, dirty):
-                return False
-            found = True
+            kind = _settled(value, dirty)
+            if not kind:
+                return NOT_SETTLED
+            found = max(found, kind)
         elif type(value) in (list, tuple):
             for item in value:
                 if isinstance(item, torch.Tensor):
-                    if not _settled(item, dirty):
-                        return False
-                    found = True
+                    kind = _settled(item, dirty)
+                    if not kind:
+                        return NOT_SETTLED
+                    found = max(found, kind)
     return found
 
 
-def _settled(tensor: torch.Tensor, dirty: set[int]) -> bool:
+def _settled(tensor: torch.Tensor, dirty: set[int]) -> int:
     if type(tensor) is DeferredTensor:
         value = tensor._value
-        return (
+        settled = (
             tensor._pending is None
             and value is not None
             and not tensor._adopted
@@ -66,16 +76,14 @@ def _settled(tensor: torch.Tensor, dirty: set[int]) -> bool:
             and value.numel() <= SMALL_NUMEL
             and not (dirty and value.untyped_storage().data_ptr() in dirty)
         )
-    return getattr(tensor, TAG, False) and tensor.numel() <= SMALL_NUMEL
+        return WRAPPED if settled else NOT_SETTLED
+    return PLAIN if getattr(tensor, TAG, False) and tensor.numel() <= SMALL_NUMEL else NOT_SETTLED
 
 
-def small_outputs(outputs: Any) -> bool:
-    """Whether a factory's outputs (their metadata, from meta inference) are all small."""
-    if outputs is None:
-        return True
-    if isinstance(outputs, list):
-        return all(small_outputs(o) for o in outputs)
-    return math.prod(outputs[0]) <= SMALL_NUMEL
+def small(value: Any) -> bool:
+    """Whether a factory's results (a tensor, or a tuple or list of them) are all small."""
+    items = value if isinstance(value, (list, tuple)) else (value,)
+    return all(not isinstance(item, torch.Tensor) or item.numel() <= SMALL_NUMEL for item in items)
 
 
 def mark(value: Any) -> Any:

@@ -101,6 +101,9 @@ class Trace:
     at: Any = None
     matched: int = 0
     capture_s: float = 0.0  # time the engine spent on this trace's ops (dispatch to record)
+    # recorded (at least in part) in a call of a module about to be compiled whole: its groups
+    # do not come back once the module's calls are (hotcalls.py), so they are not compiled
+    warming: bool = False
     kept: list[torch.Tensor] = field(default_factory=list)  # plain inputs read through a copy
     _input_index: dict[int, int] = field(default_factory=dict)
 
