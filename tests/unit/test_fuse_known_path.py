@@ -24,7 +24,7 @@ REPLAY = FuseOptions(compile=False)  # the known path is the same with or withou
 COMPILED = FuseOptions(sync_compile=True)
 
 
-#: Rows enough for a group on them to compile (a tiny one would not: engine.TINY_OPS).
+#: Rows enough for a group on them to compile (a tiny one would not: settled.TINY_OPS).
 WIDE = SMALL_NUMEL // 6 + 1
 
 

@@ -8,8 +8,7 @@ import torch
 
 from tpunb.events import EventBus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
-from tpunb.fuse.engine import TINY_OPS
-from tpunb.fuse.settled import SMALL_NUMEL, TAG
+from tpunb.fuse.settled import SMALL_NUMEL, TAG, TINY_OPS
 
 REPLAY = FuseOptions(compile=False)
 
@@ -69,7 +68,7 @@ def test_a_big_factory_runs_at_once_as_an_eager_result_and_what_reads_it_records
 
 
 def test_a_tiny_groups_results_are_settled_a_bigger_groups_go_on_recording():
-    """A tiny group never compiles (engine.TINY_OPS): its results are as good as an eager op's."""
+    """A tiny group never compiles (settled.TINY_OPS): its results are as good as an eager op's."""
     engine, _ = engine_and_bus()
     x = torch.randn(8)
     with engine.scope(REPLAY):

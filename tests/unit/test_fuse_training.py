@@ -14,14 +14,13 @@ import torch.nn.functional as F
 
 from tpunb.events import EventBus
 from tpunb.fuse import FuseOptions, FusionEngine
-from tpunb.fuse.engine import TINY_OPS
-from tpunb.fuse.settled import SMALL_NUMEL
+from tpunb.fuse.settled import SMALL_NUMEL, TINY_OPS
 
 COMPILED = FuseOptions(sync_compile=True)
 REPLAY = FuseOptions(compile=False)
 
 
-#: Elements of a tensor too big for a tiny group (engine.TINY_OPS): groups on it compile.
+#: Elements of a tensor too big for a tiny group (settled.TINY_OPS): groups on it compile.
 WIDE = 2 * SMALL_NUMEL
 
 
@@ -91,7 +90,7 @@ def test_compiled_dropouts_draw_the_eager_numbers_after_layer_norm_and_batch_nor
     image = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Dropout2d(0.2), torch.nn.Dropout(0.1)
     )
-    # big enough for groups that compile (a tiny one would not: engine.TINY_OPS)
+    # big enough for groups that compile (a tiny one would not: settled.TINY_OPS)
     inputs = {text: torch.randn(8, 128, 64), image: torch.randn(2, 3, 64, 64)}
     engine = FusionEngine(torch.device("cpu"))
     for model, x in inputs.items():

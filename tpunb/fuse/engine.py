@@ -29,7 +29,6 @@ wrappers, and publish a FusionGroup record.
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 import time
 from collections import Counter
@@ -61,7 +60,7 @@ from tpunb.fuse.errors import (
     reads_input,
     warn_storm,
 )
-from tpunb.fuse.graph import ReplayError, build_graph, replay
+from tpunb.fuse.graph import ReplayError, build_graph, inductor_compile, replay
 from tpunb.fuse.growing import GrowingInputs
 from tpunb.fuse.hotcalls import HotCalls
 from tpunb.fuse.interrupts import InterruptGuard
@@ -70,7 +69,7 @@ from tpunb.fuse.ops import OpFacts, facts, facts_by_id
 from tpunb.fuse.record import MAX_ENDS, NOT_FOLLOWED, Recorder
 from tpunb.fuse.rng import rng_as_recorded
 from tpunb.fuse.scan import ArgumentScan, all_scalar, is_argument, run_on_values, tensor_leaves
-from tpunb.fuse.settled import NO_TENSORS, PLAIN, SMALL_NUMEL, mark, settled_arguments, small
+from tpunb.fuse.settled import NO_TENSORS, PLAIN, mark, settled_arguments, small, tiny
 from tpunb.fuse.trace import Trace, tensor_meta
 from tpunb.fuse.views import INPLACE_VIEWS, STORAGE_CHANGING, as_recorded, restride
 from tpunb.fuse.workarounds import skip_dynamo_in
@@ -438,8 +437,8 @@ class FusionEngine:
         compiles only when it keeps coming back: the fix for a storm (padding to one shape)
         then still ends in compiled steps, while one-off shapes keep running op by op.
 
-        Never compiled: a *tiny* group (at most ``TINY_OPS`` ops, every input and output
-        small: settled.py), which runs op by op in tens of microseconds, so a compile of a
+        Never compiled: a *tiny* group (settled.py: at most ``TINY_OPS`` ops, every tensor
+        it reads or makes small), which runs op by op in tens of microseconds, so a compile of a
         second or more would take tens of thousands of runs to repay (a ``generate()`` call's
         checks of its inputs, its stopping criteria); and a *warming* one, recorded in a call
         of a module about to be compiled whole (hotcalls.py), which will not come back."""
@@ -457,13 +456,9 @@ class FusionEngine:
         ops, floats, lifted = trace.ops, list(trace.floats), dict(variant.lifted)
 
         def job():
-            from torch._inductor import config as inductor_config
-            from torch._inductor.compile_fx import compile_fx
-
             graph = build_graph(ops, len(examples) - bool(lifted), floats, lifted, slot_places, outputs)
             variant.code = graph.code
-            with torch.no_grad(), inductor_config.patch(fallback_random=True):
-                return compile_fx(graph, examples)
+            return inductor_compile(graph, examples)
 
         self.cache.compile(name, variant, job, wait=self.options.sync_compile)
 
@@ -535,28 +530,6 @@ STATUS_OF = {
 READ_SCALAR = torch.ops.aten._local_scalar_dense.default
 #: ``torch.tensor(data)`` reaches the engine as this op, on the tensor made from the data.
 LIFT_FRESH = torch.ops.aten.lift_fresh.default
-
-#: Ops a group may have and still be too small to compile (with small inputs and outputs).
-TINY_OPS = 16
-
-
-def tiny(trace: Trace) -> bool:
-    """Whether a group is too small to repay a compile (``_worth_compiling``): few ops, and
-    every tensor it reads or makes (its intermediates too) small."""
-    return (
-        len(trace.ops) <= TINY_OPS
-        and all(tensor.numel() <= SMALL_NUMEL for tensor in trace.inputs)
-        and all(_small_metas(op.outputs) for op in trace.ops)
-    )
-
-
-def _small_metas(metas: Any) -> bool:
-    """Whether recorded output metadata (meta.py: a tensor's, a list of them, or None) is small."""
-    if metas is None:
-        return True
-    if isinstance(metas, list):
-        return all(_small_metas(meta) for meta in metas)
-    return math.prod(metas[0]) <= SMALL_NUMEL
 
 
 #: Sightings after which a shape compiles even during a recompile storm.

@@ -303,3 +303,14 @@ def build_graph(
         env.append(node if node is not None else graph.call_function(op.func, tuple(args), kwargs))
     graph.output([lookup(ref) for ref in outputs])
     return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def inductor_compile(graph: fx.GraphModule, examples: Sequence[Any]) -> Callable[..., Any]:
+    """Inductor, with random ops drawing what eager PyTorch draws (``fallback_random``): a
+    compiled group or hot call gives strict mode's numbers. Without autograd: what is
+    compiled here never runs backward."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    with torch.no_grad(), inductor_config.patch(fallback_random=True):
+        return compile_fx(graph, list(examples))

@@ -62,6 +62,7 @@ from torch.utils._python_dispatch import _disable_current_modes, _get_current_di
 from tpunb.events import FusionGroup
 from tpunb.fuse.adopt import release_tensor
 from tpunb.fuse.deferred import DeferredTensor
+from tpunb.fuse.graph import inductor_compile
 from tpunb.fuse.settled import mark
 
 if TYPE_CHECKING:
@@ -245,12 +246,8 @@ class HotCall:
 def inductor_or_eager(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """A Dynamo backend: Inductor (random ops as eager draws them), or, if Inductor fails on
     this graph, the graph as captured."""
-    from torch._inductor import config as inductor_config
-    from torch._inductor.compile_fx import compile_fx
-
     try:
-        with inductor_config.patch(fallback_random=True):
-            return compile_fx(graph, example_inputs)
+        return inductor_compile(graph, example_inputs)
     except Exception as error:  # any compiler failure: this graph runs op by op
         warnings.warn(
             f"tpunb fused: compiling a hot call failed ({type(error).__name__}: {error}); it runs op by op",

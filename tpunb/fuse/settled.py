@@ -19,7 +19,7 @@ Plain tensors from outside the engine (the user's data) are not tagged: ops on t
 as before, so fusing the user's own computations is unchanged. A factory (no tensor
 argument: ``torch.arange``, ``torch.full``) runs at once too: its small results are tagged,
 big ones become materialized wrappers, as an eager op's results do (a group reads them as
-inputs). So does ``torch.tensor(data)`` (``lift_fresh``). The results of a *tiny* group,
+inputs). So does ``torch.tensor(data)`` (``lift_fresh``). The results of a *tiny* group (``tiny``),
 which replays op by op and never compiles (engine.py), are settled like an eager op's. Ops
 that write an argument, draw random numbers, or are flush boundaries keep their rules
 (engine.py).
@@ -27,16 +27,22 @@ that write an argument, draw random numbers, or are flush boundaries keep their 
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tpunb.fuse.deferred import DeferredTensor
 
+if TYPE_CHECKING:
+    from tpunb.fuse.trace import Trace
+
 #: Elements an argument of a settled op may have: 2 x 16k logits (fp32: 128 KiB), and less.
 SMALL_NUMEL = 1 << 15
 #: The attribute that tags a plain tensor as settled (set on the tensor object).
 TAG = "_tpunb_settled"
+#: Ops a group may have and still be too small to compile (with every tensor it touches small).
+TINY_OPS = 16
 
 
 #: What ``settled_arguments`` answers: not settled (record as usual), no tensor arguments (a
@@ -84,6 +90,25 @@ def small(value: Any) -> bool:
     """Whether a factory's results (a tensor, or a tuple or list of them) are all small."""
     items = value if isinstance(value, (list, tuple)) else (value,)
     return all(not isinstance(item, torch.Tensor) or item.numel() <= SMALL_NUMEL for item in items)
+
+
+def tiny(trace: Trace) -> bool:
+    """Whether a group is too small to repay a compile (engine.py: it never compiles, and its
+    results are settled): few ops, and every tensor it reads or makes (intermediates too) small."""
+    return (
+        len(trace.ops) <= TINY_OPS
+        and all(tensor.numel() <= SMALL_NUMEL for tensor in trace.inputs)
+        and all(_small_metas(op.outputs) for op in trace.ops)
+    )
+
+
+def _small_metas(metas: Any) -> bool:
+    """Whether recorded output metadata (meta.py: a tensor's, a list of them, or None) is small."""
+    if metas is None:
+        return True
+    if isinstance(metas, list):
+        return all(_small_metas(meta) for meta in metas)
+    return math.prod(metas[0]) <= SMALL_NUMEL
 
 
 def mark(value: Any) -> Any:
