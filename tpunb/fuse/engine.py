@@ -18,7 +18,8 @@ Per op (``dispatch``), one of three things happens:
   indexing its dataset) also run as they are: they are metadata only.
 
 Above ops, a module called again and again without grad in eval mode (a decode step, an
-evaluation batch) stops being recorded: hotcalls.py compiles its call whole with Dynamo.
+evaluation batch) stops being recorded: hotcalls.py compiles its call whole with Dynamo, and
+the loop around it runs with the engine's mode off the stack until it is needed (aside.py).
 
 ``flush`` turns the trace into a group: key it (from the end of its known sequence when it
 followed one), replay it until it is compiled (the worker compiles it when it comes back:
@@ -42,6 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from tpunb.events import CompileDone, FusionGroup
 from tpunb.fuse.adopt import Adoption
+from tpunb.fuse.aside import ModeStack
 from tpunb.fuse.cache import (
     STORM_VARIANTS,
     GraphCache,
@@ -119,6 +121,7 @@ class FusionEngine:
         self.growing = GrowingInputs()
         self.adoption = Adoption(self)
         self.hot = HotCalls(self)
+        self.modes = ModeStack()
         self.interrupts = InterruptGuard()
 
     # --- scopes -----------------------------------------------------------------------------
@@ -130,7 +133,7 @@ class FusionEngine:
         with self.interrupts.installed():
             try:
                 self.adopt(*adopt)
-                with self.adoption.active(), self.hot.hooks.installed(), FuseMode(self):
+                with self.adoption.active(), self.hot.hooks.installed(), self.modes.entered(FuseMode(self)):
                     yield
             finally:
                 try:

@@ -24,7 +24,9 @@ calls through Dynamo, after flushing what is pending and handing it real tensors
 * tpunb's global module hooks are lifted during the call (``ModuleCallHooks.lifted``): Dynamo
   would trace them and guard on their ids, which change with every fused scope.
 
-Outside fused scopes, with grad on or in train mode, the call is the module's own.
+Outside fused scopes, with grad on or in train mode, the call is the module's own. After an
+outermost compiled call the engine's dispatch mode steps aside until something needs it again
+(aside.py), so the loop around the model runs as eager PyTorch, without a Python call per op.
 
 The calls before it turns hot are recorded as usual, but the traces they touch are marked
 *warming* and their groups are not compiled (engine.py): they will not come back, so their
@@ -138,6 +140,7 @@ class HotCalls:
         self.warming = False
 
     def _before(self, module: torch.nn.Module) -> None:
+        self.engine.modes.resume()  # its ops are recorded (aside.py)
         self.engine.adoption.on_module_call(module)
         if self._depth == 0 and self._eligible(module):
             calls = self._calls.get(module, 0) + 1
@@ -184,7 +187,7 @@ class HotCall:
         if (
             module.training
             or torch.is_grad_enabled()
-            or getattr(mode, "engine", None) is not self.engine
+            or (getattr(mode, "engine", None) is not self.engine and not self.engine.modes.stepped_aside)
             or not self.engine.options.compile
         ):
             return module._call_impl(*args, **kwargs)
@@ -219,7 +222,9 @@ class HotCall:
         compiled = counters["stats"]["unique_graphs"] - graphs
         engine.cache.count_whole_call(compiled, (time.perf_counter() - started) * 1000 if compiled else 0.0)
         self._publish(started, compiled)
-        return mark(out)  # the loop around it works on these: settled.py
+        if engine.hot._depth == 0 and not engine.trace.ops:
+            engine.modes.step_aside(engine)  # the loop around it runs as eager PyTorch: aside.py
+        return mark(out)  # and if it is recorded again, it works on these: settled.py
 
     def _publish(self, started: float, compiled: int) -> None:
         publish = self.engine._publish

@@ -4,8 +4,10 @@ A decode loop, once its model call is compiled whole (hotcalls.py), is left with
 bookkeeping around it: logits processors, ``argmax``, stopping criteria, the next position,
 a mask grown by one. About 50 ops a step on a few thousand elements at most. Recorded, each
 costs the engine's 10-15 us and every few of them a flush, to save nothing: fused they run
-no faster than one by one (3-4 us each). So an op runs as it is when every tensor it reads
-is *settled* and small:
+no faster than one by one (3-4 us each). After an outermost hot call the engine's mode
+steps aside and such ops never reach the engine (aside.py); where it is on the stack (a
+value of the loop is still a tpunb wrapper, the call was not outermost), an op runs as it is
+when every tensor it reads is *settled* and small:
 
 * settled: a value the engine has (nothing pending computes or writes it) that is nobody's
   state and no group's result, i.e. a wrapper an eager op made (not an adopted parameter,
