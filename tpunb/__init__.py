@@ -26,10 +26,12 @@ __all__ = [
     "compile",
     "current_mode",
     "jax_op",
+    "last_profile",
     "load_ipython_extension",
     "mode",
     "monitor",
     "pallas_call",
+    "profile",
     "runtime",
     "set_mode",
     "stats",
@@ -123,6 +125,27 @@ def monitor() -> Any:
 
     session = get_session()
     return monitor_widget(session) if has_widget_frontend() else text_snapshot(session)
+
+
+def profile(
+    mode: str | None = None, trace: str | None = None, top: int = 10, shapes: bool | None = None
+) -> Any:
+    """``with tpunb.profile() as p:`` runs the block under the runtime's profiler; when it ends,
+    ``p`` holds the top ops, fusion groups, waits, findings (``p.findings``: what to fix, the
+    costliest first), the trace's path and ``p.plot()``. ``mode`` runs the block in that mode;
+    ``trace`` is the directory for the trace file; ``top`` how many ops to list; ``shapes``
+    records the ops' input shapes (default: on, but on the native runtime, where recording
+    them keeps fused mode from adopting tensors)."""
+    from tpunb.profiling import profile as run
+
+    return run(mode=mode, trace=trace, top=top, shapes=shapes)
+
+
+def last_profile() -> Any:
+    """The report of the last ``%%tpu_profile`` cell or ``tpunb.profile()`` block (None before one)."""
+    from tpunb.profiling import last_profile as last
+
+    return last()
 
 
 def jax_op(fn: Any = None, **options: Any) -> Any:

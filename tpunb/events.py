@@ -80,6 +80,8 @@ class FusionGroup(Record):
     miss_reason: str | None = None  # on a miss: what differs from the last group of the same ops
     capture_ms: float = 0.0  # the engine's time recording its ops, before it ran
     eager_ms: float | None = None  # its ops run one by one, when it last replayed (strict's cost)
+    wait: bool = False  # flushed because the host needed values now (a read, an op that cannot wait)
+    at: str | None = None  # the user's line that flushed it: "Cell In[7], line 3"
 
 
 @dataclass(frozen=True)

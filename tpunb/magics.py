@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,19 @@ from tpunb.report import mode_table
 from tpunb.session import Session
 
 MODE_NAMES = tuple(mode.value for mode in Mode)
+#: Top ops ``%%tpu_profile`` lists unless told.
+TOP_OPS = 10
+
+
+def positive_count(text: str) -> int:
+    """An argparse type: a whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 1 or more, got {text!r}")
+    return value
 
 
 def parse_magic_line(magic: Callable[..., Any], line: str, prefix: str = "%") -> argparse.Namespace:
@@ -37,8 +51,8 @@ def parse_magic_line(magic: Callable[..., Any], line: str, prefix: str = "%") ->
 
 @magics_class
 class TpuMagics(Magics):
-    """``%tpu_mode``, ``%%tpu_mode``, ``%tpu_summary``, ``%tpu_cache``, ``%tpu_monitor``, ``%tpu_doctor``,
-    ``%%tpu_distributed``."""
+    """``%tpu_mode``, ``%%tpu_mode``, ``%%tpu_profile``, ``%tpu_summary``, ``%tpu_cache``, ``%tpu_monitor``,
+    ``%tpu_doctor``, ``%%tpu_distributed``."""
 
     def __init__(self, shell: Any, session: Session) -> None:
         super().__init__(shell)
@@ -98,12 +112,14 @@ class TpuMagics(Magics):
             self.session.check_supported(config)
         except ModeError as error:
             raise UsageError(f"%tpu_mode: {error}") from None
-        return self._run_cell(line, cell, config)
+        return self._run_cell(f"%%tpu_mode {line}", cell, config)
 
-    def _run_cell(self, line: str, cell: str, config: ModeConfig) -> Any:
+    def _run_cell(self, header: str, cell: str, config: ModeConfig) -> Any:
+        """Run a cell magic's body in ``config``; ``header`` is the magic's line, so that the
+        body's line numbers are the cell's."""
         __tracebackhide__ = True
         shell = self.shell
-        raw = f"%%tpu_mode {line}\n{cell}"
+        raw = f"{header}\n{cell}"
         filename = shell.compile.cache(raw, shell.execution_count, raw_code=raw)
         with self.compile_prefix.suspended():
             body = shell.transform_cell(cell)
@@ -124,6 +140,59 @@ class TpuMagics(Magics):
                 expression = ast.Expression(last.value)
                 return eval(shell.compile(expression, filename, "eval"), shell.user_ns)
         return None
+
+    @magic_arguments()
+    @argument(
+        "--mode",
+        type=str.lower,
+        choices=MODE_NAMES,
+        help="run the cell in this mode (debug, strict, fused or compile); default: the current mode.",
+    )
+    @argument(
+        "--trace", metavar="DIR", help="where to save the trace (default: tpunb-profiles in the temp dir)."
+    )
+    @argument(
+        "--top", type=positive_count, default=TOP_OPS, metavar="N", help="how many ops to list (default 10)."
+    )
+    @argument(
+        "--shapes",
+        action="store_true",
+        help="record the ops' input shapes on the native runtime too (there it keeps fused mode "
+        "from adopting tensors, so fused cells run slower while profiled).",
+    )
+    @cell_magic
+    def tpu_profile(self, line: str, cell: str) -> Any:
+        """Run the cell under the runtime's profiler and show, under it: the top ops, the fusion
+        groups and graphs that ran, the waits (where the host stopped for values), a timeline,
+        the saved trace's path and at most three findings with their fixes. The same report is
+        ``tpunb.last_profile()`` afterwards. A cell that raises shows the report up to the error.
+
+        Example::
+
+            %%tpu_profile --mode fused
+            for batch in loader:
+                train_step(batch)
+        """
+        __tracebackhide__ = True
+        from IPython.display import display
+
+        from tpunb.profiling import ProfileError, profile
+
+        args = parse_magic_line(self.tpu_profile, line, "%%")
+        profiling = contextlib.ExitStack()
+        try:  # everything checked before the cell runs
+            config = ModeConfig.build(args.mode) if args.mode is not None else self.session.effective
+            shapes = True if args.shapes else None  # None: the runtime's default (collect.py)
+            report = profiling.enter_context(
+                profile(mode=args.mode, trace=args.trace, top=args.top, shapes=shapes)
+            )
+        except (ModeError, ProfileError) as error:
+            raise UsageError(f"%%tpu_profile: {error}") from None
+        try:
+            with profiling:
+                return self._run_cell(f"%%tpu_profile {line}", cell, config)
+        finally:
+            display(report)  # filled in by now, also when the cell raised
 
     @magic_arguments()
     @argument("state", nargs="?", choices=("on", "off"), help="on or off; omit to show.")

@@ -18,6 +18,17 @@ BAD_INPUTS = {
         ("%%tpu_mode turbo\nx = 1", "invalid choice: 'turbo'", "%%tpu_mode"),
         ("%%tpu_mode debug extra\nx = 1", "unrecognized arguments: extra", "%%tpu_mode"),
     ],
+    "tpu_profile": [
+        ("%%tpu_profile --mode turbo\nx = 1", "invalid choice: 'turbo'", "'fused'"),
+        ("%%tpu_profile --top 0\nx = 1", "expected a whole number, 1 or more, got '0'", "--top N"),
+        ("%%tpu_profile --top many\nx = 1", "got 'many'", "--trace DIR"),
+        (
+            "%%tpu_profile --trace /dev/null/profiles\nx = 1",
+            "'/dev/null/profiles'",
+            "a directory you can write to",
+        ),
+        ("%%tpu_profile now\nx = 1", "unrecognized arguments: now", "%%tpu_profile"),
+    ],
     "tpu_summary": [
         ("%tpu_summary maybe", "invalid choice: 'maybe'", "'on', 'off'"),
         ("%tpu_summary on off", "unrecognized arguments: off", "{on,off}"),

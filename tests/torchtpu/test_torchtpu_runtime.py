@@ -131,3 +131,17 @@ def test_cache_dir_sets_the_tier3_root_before_first_use(tpu_kernel: Kernel, tmp_
     assert tpu_kernel.value(
         "os.environ['TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT']".replace("os.", "__import__('os').")
     ) == str(tmp_path / "tier3")
+
+
+def test_a_profiled_cell_reports_on_torchtpu(tpu_kernel: Kernel, tmp_path: Path) -> None:
+    body = "w = torch.randn(64, 64)\nfor _ in range(3):\n    w = w @ w / 8"
+    cell = f"%%tpu_profile --mode fused --trace {tmp_path}\n{body}"
+    result = tpu_kernel.run(cell)
+    assert result.error is None, result.error
+    text = result.displays[-1]["text/plain"]
+    assert text.startswith("tpunb profile · fused · torchtpu (cpu (no TPU present))"), text
+    report = tpu_kernel.value(
+        "{k: getattr(tpunb.last_profile(), k) for k in ('top_ops', 'trace_path', 'device_trace')}"
+    )
+    assert any(op["name"] == "aten::mm" and op["calls"] == 3 for op in report["top_ops"]), report["top_ops"]
+    assert Path(report["trace_path"]).parent == tmp_path and report["device_trace"] is None

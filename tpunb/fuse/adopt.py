@@ -65,11 +65,7 @@ def adopt_tensor(tensor: torch.Tensor, engine: FusionEngine) -> int:
         wrapper.requires_grad_(True)
     if tensor.grad is not None:
         wrapper.grad = DeferredTensor.wrap(tensor.grad, engine)
-    try:
-        torch.utils.swap_tensors(tensor, wrapper)
-    except RuntimeError:
-        return 0
-    return 1
+    return int(swap_in_place(tensor, wrapper))
 
 
 def release_tensor(tensor: torch.Tensor) -> bool:
@@ -86,9 +82,27 @@ def release_tensor(tensor: torch.Tensor) -> bool:
     grad = tensor.grad
     if grad is not None:
         plain.grad = grad._value if type(grad) is DeferredTensor else grad
+    return swap_in_place(tensor, plain)
+
+
+def swap_in_place(tensor: torch.Tensor, other: torch.Tensor) -> bool:
+    """``torch.utils.swap_tensors``, all or nothing: whether it swapped.
+
+    torch swaps the Python side (class, attributes) before the C++ side, and the C++ side
+    refuses a tensor that something holds weakly there: ``torch.profiler`` with
+    ``record_shapes`` does, for every tensor an op it recorded touched, as long as its
+    results live. A refused swap would leave ``tensor`` a Parameter in name over a
+    DeferredTensor's storage, failing every op after; so the Python side is swapped back.
+    """
+    kind = type(tensor)
     try:
-        torch.utils.swap_tensors(tensor, plain)
+        torch.utils.swap_tensors(tensor, other)
     except RuntimeError:
+        if type(tensor) is not kind:  # refused halfway: undo the class and attribute swap
+            for name in ("__class__", "__dict__"):
+                mine, theirs = getattr(tensor, name), getattr(other, name)
+                setattr(tensor, name, theirs)
+                setattr(other, name, mine)
         return False
     return True
 

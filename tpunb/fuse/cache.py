@@ -209,7 +209,7 @@ class GraphCache:
                 c.hits += 1
 
     def wait_idle(self) -> None:
-        """Block until queued compiles finish (tests and benchmarks)."""
+        """Block until queued compiles finish (tests, benchmarks, the end of a profile)."""
         self._worker.wait_idle()
 
     def __len__(self) -> int:

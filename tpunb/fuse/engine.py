@@ -272,7 +272,7 @@ class FusionEngine:
             and (not bookkeeping or scan.hazard(self.trace, op, args, kwargs) or reads_group_result(op, scan))
             and not (bookkeeping and self._write_keeps_group(op, args, kwargs, scan))
         ):
-            self.flush(op.name)
+            self.flush(op.name, wait=True)
         out = run_on_values(func, args, kwargs)
         if op.name in STORAGE_CHANGING or op.name in INPLACE_VIEWS:
             self._refresh_metadata(args, kwargs, op)
@@ -326,12 +326,13 @@ class FusionEngine:
             and self.trace.dirty_storages
             and wrapper._value.untyped_storage().data_ptr() in self.trace.dirty_storages
         ):
-            self.flush(reason)
+            self.flush(reason, wait=True)
         check_not_failed(wrapper)
         return wrapper._value
 
-    def flush(self, reason: str) -> None:
-        """Run everything recorded so far as one group."""
+    def flush(self, reason: str, wait: bool = False) -> None:
+        """Run everything recorded so far as one group; ``wait``: because the host needs
+        values now (a read, an op that cannot be deferred), not at a boundary of the engine's."""
         __tracebackhide__ = True
         if not self.trace.ops:
             return
@@ -339,12 +340,12 @@ class FusionEngine:
         with self.interrupts, _disable_current_modes(), torch.no_grad():
             trace, self.trace = self.trace, Trace(warming=self.hot.warming)
             try:
-                self._flush(trace, reason, locate(sys._getframe(1)))
+                self._flush(trace, reason, locate(sys._getframe(1)), wait)
             except BaseException as error:  # failed: its results are lost, inputs stay real
                 abandon(trace, error)
                 raise
 
-    def _flush(self, trace: Trace, reason: str, where: SourceLocation | None) -> None:
+    def _flush(self, trace: Trace, reason: str, where: SourceLocation | None, wait: bool) -> None:
         __tracebackhide__ = True
         started = time.perf_counter()
         outputs, waiting, written = [], [], []
@@ -396,7 +397,7 @@ class FusionEngine:
         for wrapper in written:
             wrapper._pending = None
         self.groups += 1
-        self._publish_group(trace, reason, where, status, variant, key, skeleton, started, why)
+        self._publish_group(trace, reason, where, status, variant, key, skeleton, started, why, wait)
         self.cache.emit_warnings()
 
     def _skeleton(self, trace: Trace, outputs: tuple) -> GroupKey:
@@ -477,7 +478,9 @@ class FusionEngine:
 
     # --- records ------------------------------------------------------------------------------
 
-    def _publish_group(self, trace, reason, where, status, variant, key, skeleton, started, why) -> None:
+    def _publish_group(
+        self, trace, reason, where, status, variant, key, skeleton, started, why, wait
+    ) -> None:
         if self._publish is None:
             return
         counts = Counter(op.key[0] for op in trace.ops)  # by op id: cheaper than names
@@ -498,6 +501,8 @@ class FusionEngine:
                 eager_ms=variant.replay_ms,
                 lifted=len(variant.lifted),
                 miss_reason=why,
+                wait=wait,
+                at=where.label if where else None,
             )
         )
 

@@ -51,6 +51,12 @@ class Runtime(Protocol):
         """Wait for queued device work, so errors and timings land in the right cell."""
         ...
 
+    def run_pending(self) -> None:
+        """Run what the current mode has deferred (the fused group recorded so far, the lazy
+        graph traced so far) now, as the end of its scope would, staying in the scope: the
+        end of a profiled block, whose last group must run while the profiler watches."""
+        ...
+
     def memory(self) -> MemoryInfo | None:
         """Current/peak/limit memory, or None when the runtime cannot tell."""
         ...
@@ -99,6 +105,12 @@ class Runtime(Protocol):
 
     def group_graph(self, key: str) -> str | None:
         """The graph (FX code, StableHLO, HLO) of the fusion group ``key``, where kept."""
+        ...
+
+    def device_trace(self, directory: str) -> AbstractContextManager[str | None]:
+        """The runtime's own profiler over a block (``%%tpu_profile``), beside torch.profiler:
+        yields the trace directory it writes (TensorBoard's profile plugin and xprof open it),
+        or None where torch.profiler sees all there is (the native runtime)."""
         ...
 
 

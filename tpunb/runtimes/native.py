@@ -81,6 +81,9 @@ class NativeRuntime:
         if self._cuda:
             torch.cuda.synchronize()
 
+    def run_pending(self) -> None:
+        self.engine.flush("end of profile")
+
     def memory(self) -> MemoryInfo:
         if self._cuda:
             return MemoryInfo(
@@ -137,6 +140,9 @@ class NativeRuntime:
 
     def group_graph(self, key: str) -> str | None:
         return self.engine.cache.code(key)
+
+    def device_trace(self, directory: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # torch.profiler records CPU and CUDA itself
 
 
 def notebook_objects() -> tuple[object, ...]:

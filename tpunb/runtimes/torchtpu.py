@@ -115,6 +115,9 @@ class TorchTpuRuntime:
         if self._group_handler is not None:
             _drain_trace_buffer()
 
+    def run_pending(self) -> None:
+        self.synchronize()  # on a TPU, materializes what DEFER_AND_FUSE deferred
+
     # --- memory -----------------------------------------------------------------------------
 
     def memory(self) -> MemoryInfo | None:
@@ -212,6 +215,12 @@ class TorchTpuRuntime:
 
     def group_graph(self, key: str) -> str | None:
         return self._group_handler.graphs.get(key) if self._group_handler is not None else None
+
+    def device_trace(self, directory: str) -> contextlib.AbstractContextManager[None]:
+        """None: TorchTPU's device tracing plugs into torch.profiler itself (a ``TpuProfilerConfig``,
+        torch >= 2.12, a chip); without a chip there is nothing beyond torch.profiler's host
+        view and TorchTPU's cache counters (research/torchtpu.md, section 5)."""
+        return contextlib.nullcontext()
 
 
 class EagerGroupHandler(logging.Handler):

@@ -156,6 +156,12 @@ class XlaRuntime:
     def default_changed(self, config: ModeConfig) -> None:
         pass  # the eager flag is set per cell by mode_scope
 
+    def run_pending(self) -> None:
+        from torch_xla.experimental import is_eager_mode
+
+        if self.started() and not is_eager_mode():
+            self._torch_xla.sync()
+
     def started(self) -> bool:
         """Whether the PJRT runtime is up (the user's code has touched the device)."""
         return bool(self._torch_xla._XLAC._xla_runtime_is_initialized())
@@ -248,6 +254,18 @@ class XlaRuntime:
 
     def group_graph(self, key: str) -> str | None:
         return None  # torch_xla keeps compiled programs, not their text
+
+    @contextlib.contextmanager
+    def device_trace(self, directory: str) -> Iterator[str]:
+        """torch_xla's profiler (the device's and the runtime's own events, XLA's compiles and
+        executions), written as ``DIR/plugins/profile/<time>/``."""
+        import torch_xla.debug.profiler as xp
+
+        xp.start_trace(directory)
+        try:
+            yield directory
+        finally:
+            xp.stop_trace()
 
     def cache_dir(self, path: str | None = None) -> str | None:
         """torch_xla's persistent cache, which it only accepts before the first computation."""

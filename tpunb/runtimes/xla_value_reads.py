@@ -19,24 +19,10 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from tpunb.value_reads import read_name
+
 #: The graph log lists this file among the frames of a graph that ran for a value read.
 THIS_FILE = os.path.abspath(__file__)
-
-#: Tensor methods that read values back to the host.
-VALUE_READS = frozenset(
-    {
-        torch.Tensor.item,
-        torch.Tensor.tolist,
-        torch.Tensor.numpy,
-        torch.Tensor.cpu,
-        torch.Tensor.__bool__,
-        torch.Tensor.__int__,
-        torch.Tensor.__float__,
-        torch.Tensor.__index__,
-        torch.Tensor.__repr__,
-        torch.Tensor.__format__,
-    }
-)
 
 
 class SyncAtValueReads(TorchFunctionMode):
@@ -52,15 +38,7 @@ class SyncAtValueReads(TorchFunctionMode):
             args
             and isinstance(args[0], torch.Tensor)
             and args[0].device.type == "xla"
-            and (func in VALUE_READS or (func is torch.Tensor.to and _to_host(args[1:], kwargs)))
+            and read_name(func, args, kwargs) is not None
         ):
             self._sync()
         return func(*args, **kwargs)
-
-
-def _to_host(args: tuple, kwargs: dict[str, Any]) -> bool:
-    """Whether ``Tensor.to(...)``'s arguments name the CPU."""
-    for value in (*args, kwargs.get("device")):
-        if isinstance(value, (str, torch.device)) and torch.device(value).type == "cpu":
-            return True
-    return False

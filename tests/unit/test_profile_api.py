@@ -1,0 +1,132 @@
+"""``tpunb.profile()`` in a script: the report it fills in, its waits, errors and bad arguments,
+and the rules behind the findings that the kernel tests cannot plant on a CPU (memory, CPU
+fallbacks)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tpunb
+from tpunb.events import FusionGroup
+from tpunb.profiling import ProfileError
+from tpunb.profiling.findings import Observed, cpu_fallbacks, findings, memory
+from tpunb.runtimes import CPU_FALLBACK, MemoryInfo
+
+WIDTH = 256
+
+
+def here() -> int:
+    return sys._getframe(1).f_lineno
+
+
+def test_a_strict_block_gives_top_ops_a_trace_and_a_text_report(tmp_path):
+    a = torch.randn(WIDTH, WIDTH)
+    with tpunb.profile(mode="strict", trace=tmp_path, top=3, shapes=True) as report:
+        assert not report.done and "still running" in report.text()
+        for _ in range(4):
+            b = (a @ a).relu()
+    assert report.done and report.mode == "strict" and report.error is None
+    assert [op["name"] for op in report.top_ops][:1] == ["aten::mm"], report.top_ops
+    assert report.top_ops[0]["calls"] == 4 and report.top_ops[0]["shapes"] == [[WIDTH, WIDTH], [WIDTH, WIDTH]]
+    assert len(report.top_ops) == 3 and b.shape == (WIDTH, WIDTH)
+    trace = json.loads(Path(report.trace_path).read_text())
+    assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
+    text = str(report)
+    assert text.startswith("tpunb profile · strict · native (cpu)") and "aten::mm" in text
+    assert tpunb.last_profile() is report
+
+
+def test_reads_of_plain_tensors_are_waits_at_their_line_and_a_read_inside_a_read_counts_once(tmp_path):
+    x = torch.ones(3)
+    with tpunb.profile(mode="strict", trace=tmp_path) as report:
+        for _ in range(3):
+            x.sum().item()
+            line = here() - 1
+        text = repr(x)  # formatting reads every element: one wait
+    rows = {(row["what"], row["at"]): row["count"] for row in report.waits}
+    assert rows[(".item()", f"test_profile_api.py:{line}")] == 3
+    assert rows[("print / repr", f"test_profile_api.py:{line + 2}")] == 1 and "1." in text
+
+
+def test_a_fused_block_s_reads_are_the_engine_s_flushes(tmp_path):
+    model = torch.nn.Linear(WIDTH, WIDTH)
+    tpunb.adopt(model)
+    x = torch.randn(8, WIDTH)
+    with tpunb.profile(mode="fused", trace=tmp_path) as report:
+        for _ in range(3):
+            model(x).sum().item()
+    assert report.waits == [
+        {"at": report.waits[0]["at"], "what": ".item()", "count": 3, "seconds": report.waits[0]["seconds"]}
+    ]
+    assert len(report.groups) == 3 and all(g["wait"] for g in report.groups)
+
+
+def test_a_block_that_raises_keeps_its_report_and_the_error_goes_on(tmp_path):
+    with pytest.raises(ZeroDivisionError), tpunb.profile(mode="fused", trace=tmp_path) as report:
+        torch.ones(WIDTH, WIDTH).sum().item()
+        raise ZeroDivisionError
+    assert report.done and report.error == "ZeroDivisionError" and report.trace_path
+    assert tpunb.current_mode() == "strict" and tpunb.last_profile() is report
+
+
+def test_bad_arguments_are_refused_before_the_block_runs(tmp_path):
+    ran = []
+    for arguments, named in [({"top": 0}, "top must be"), ({"trace": "/dev/null/x"}, "'/dev/null/x'")]:
+        with pytest.raises(ProfileError, match=named), tpunb.profile(**arguments):
+            ran.append(arguments)
+    with pytest.raises(ValueError, match="turbo"), tpunb.profile(mode="turbo", trace=tmp_path):
+        ran.append("turbo")
+    assert ran == []
+
+
+def observed(**changes) -> Observed:
+    base = {
+        "wall_s": 1.0,
+        "groups": [],
+        "compiles": [],
+        "compiled_runs": [],
+        "waits": [],
+        "counters": {},
+        "memory": None,
+        "op_seconds": {},
+    }
+    return Observed(**{**base, **changes})
+
+
+def test_memory_near_the_limit_is_a_finding_and_far_from_it_is_not():
+    gib = 2**30
+    near = memory(observed(memory=MemoryInfo(used=14 * gib, peak=15 * gib, limit=16 * gib, label="HBM")))
+    assert [f.kind for f in near] == ["memory"] and "94%" in near[0].message
+    assert memory(observed(memory=MemoryInfo(used=gib, peak=2 * gib, limit=16 * gib, label="HBM"))) == []
+    assert memory(observed(memory=MemoryInfo(used=gib, peak=None, limit=None, label="host RSS"))) == []
+
+
+def test_cpu_fallbacks_name_the_ops_and_cost_their_host_time():
+    seen = observed(
+        counters={f"{CPU_FALLBACK}aten::nonzero": 4.0, "CompileTime": 2.0},
+        op_seconds={"aten::nonzero": 0.25, "aten::mm": 1.0},
+    )
+    [finding] = cpu_fallbacks(seen)
+    assert "aten::nonzero ×4" in finding.message and finding.seconds == 0.25
+
+
+def test_findings_are_ranked_by_cost_and_at_most_three():
+    group = FusionGroup(
+        key="k", ops=10, top_ops={}, input_shapes=[], trigger="t", source="s", status="miss",
+        compile_ms=None, run_ms=25.0, lifted=0, miss_reason="input 0 (8, 4) → (9, 4)",
+    )  # fmt: skip
+    rows = [{"at": f"line {i}", "what": ".item()", "count": 5, "seconds": 0.01 * i} for i in range(1, 5)]
+    gib = 2**30
+    seen = observed(
+        groups=[group, group],  # two new shapes at one line
+        waits=rows,
+        memory=MemoryInfo(used=gib, peak=gib, limit=gib, label="HBM"),
+    )
+    ranked = findings(seen)
+    expected = [("recompile", "s"), ("host_sync", "line 4"), ("host_sync", "line 3")]
+    assert [(f.kind, f.at) for f in ranked] == expected  # memory costs no time: ranked out
