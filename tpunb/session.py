@@ -170,7 +170,7 @@ class Session:
         cache = self.runtime.cache_stats()
         runs = self.bus.count("compiled") - cell.compiled_before
         compiled = self.bus.recent("compiled", runs) if runs else []
-        counters = _changes(cell.counters_before, self.runtime.counters())
+        counters = counter_changes(cell.counters_before, self.runtime.counters())
         groups = self.bus.count("group") - cell.groups_before
         record = CellRun(
             cell=cell.number,
@@ -230,8 +230,8 @@ class Session:
         return self._cell_compiler
 
 
-def _changes(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """The counters that moved during a cell, by how much."""
+def counter_changes(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The counters that moved during a cell (or a profiled block), by how much."""
     changed = {name: value - before.get(name, 0) for name, value in after.items()}
     return {name: round(delta, 6) for name, delta in changed.items() if delta}
 

@@ -11,6 +11,7 @@ it stopped there), and is kept as ``last_profile()``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import tempfile
 import threading
 import time
@@ -31,7 +32,7 @@ DEFAULT_TRACE_DIR = Path(tempfile.gettempdir()) / "tpunb-profiles"
 TOP_OPS = 10
 
 _last: Profile | None = None
-_numbers = iter(range(1, 1 << 62))
+_numbers = itertools.count(1)  # tells apart two profiles started in the same second
 
 
 class ProfileError(ValueError):
@@ -157,14 +158,14 @@ def _fill(
     error: BaseException | None,
     counters_before: dict[str, float],
 ) -> None:
-    from tpunb.session import _changes, get_session
+    from tpunb.session import counter_changes, get_session
 
     runtime = get_session().runtime
     groups: list[FusionGroup] = records.of(FusionGroup)
     compiles: list[CompileDone] = records.of(CompileDone)
     compiled_runs: list[CompiledCell] = records.of(CompiledCell)
     waits = wait_rows([*watched, *engine_waits(groups)])
-    counters = _changes(counters_before, runtime.counters())
+    counters = counter_changes(counters_before, runtime.counters())
     origin = torch_trace.started_wall
     spans = [*_group_spans(groups, compiles, compiled_runs, origin), *_wait_spans(watched, origin)]
     spans += _wait_spans(engine_waits(groups), origin)
