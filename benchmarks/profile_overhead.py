@@ -12,26 +12,20 @@ block (the profiler's tables, the trace file, the findings). The goal: in-block 
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import tempfile
 import time
 
+from benchmarks.rounds import parse_rounds
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="tpunb-bench-inductor-"))
+    args = parse_rounds(__doc__.splitlines()[0], steps=30)
     import torch
 
     import tpunb
     from benchmarks.modes import mlp_workload
 
-    torch.set_num_threads(args.threads)
     make, step, adopt = mlp_workload()
     trace_dir = tempfile.mkdtemp(prefix="tpunb-bench-profiles-")
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.steps} MLP steps a round")

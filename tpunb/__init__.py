@@ -25,15 +25,18 @@ __all__ = [
     "adopt",
     "compile",
     "current_mode",
+    "grad_scaler",
     "jax_op",
     "last_profile",
     "load_ipython_extension",
     "mode",
     "monitor",
     "pallas_call",
+    "precision",
     "profile",
     "runtime",
     "set_mode",
+    "set_precision",
     "stats",
     "unload_ipython_extension",
 ]
@@ -78,6 +81,35 @@ def mode(name: str, **options: bool) -> Iterator[None]:
 
     with get_session().scoped(ModeConfig.build(name, **options)):
         yield
+
+
+def set_precision(name: str) -> None:
+    """Set the precision (``fp32``, ``bf16``, ``fp16``) of this and later cells: autocast on this
+    runtime's device. Refused, with the reason, where the runtime cannot run it."""
+    from tpunb.mixed_precision import parse_precision
+    from tpunb.session import get_session
+
+    get_session().set_precision(parse_precision(name))
+
+
+@contextmanager
+def precision(name: str) -> Iterator[None]:
+    """``with tpunb.precision("bf16"): ...`` runs the block in a precision; nests; restores on error."""
+    from tpunb.mixed_precision import parse_precision
+    from tpunb.session import get_session
+
+    with get_session().precision_scoped(parse_precision(name)):
+        yield
+
+
+def grad_scaler() -> Any:
+    """The loss scaler for the current precision: a ``torch.amp.GradScaler`` that scales for
+    fp16 on a GPU, and passes through (``enabled=False``) everywhere else, so one training
+    loop serves every precision: ``grad_scaler().scale(loss).backward()``,
+    ``grad_scaler().step(optimizer)``, ``grad_scaler().update()``."""
+    from tpunb.session import get_session
+
+    return get_session().grad_scaler()
 
 
 def stats() -> dict[str, Any]:

@@ -83,6 +83,16 @@ def _float_tensors(tree: Any) -> Iterator[torch.Tensor]:
             yield leaf
 
 
+def _overflow(out: Any) -> str:
+    """What an Inf in a reduced-precision result means: the dtype overflowed (%tpu_precision)."""
+    dtypes = {t.dtype for t in tree_leaves(out) if isinstance(t, torch.Tensor)}
+    low = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
+    if not low:
+        return ""
+    name = str(low[0]).removeprefix("torch.")
+    return f": a {name} overflow (its largest value is {torch.finfo(low[0]).max:.4g})"
+
+
 def _non_finite(tree: Any) -> tuple[bool, bool]:
     """(has NaN, has Inf) over every float tensor and Python float in ``tree``."""
     nan = inf = False
@@ -240,7 +250,7 @@ class DebugChecks(TorchDispatchMode):
         if out_nan and not in_nan and not self.allow_nan:
             problem, hint = "produced NaN from inputs without NaN", "--allow-nan"
         elif out_inf and not (in_nan or in_inf) and not self.allow_inf:
-            problem, hint = "produced Inf from finite inputs", "--allow-inf"
+            problem, hint = f"produced Inf from finite inputs{_overflow(out)}", "--allow-inf"
         else:
             return None
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]

@@ -60,6 +60,7 @@ class CellRun(Record):
     recompiles: str | None = None  # compile mode: why it recompiled, in words
     slower: str | None = None  # fused mode: why its groups cost more than running their ops would
     counters: dict[str, float] = field(default_factory=dict)  # runtime counters that moved
+    precision: str = "fp32"  # the reduced precisions it ran in (%tpu_precision), else fp32
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ class CellHooks:
         record = self.session.end_cell(error)
         if (
             record is not None
-            and record.mode != "strict"
+            and (record.mode != "strict" or record.precision != "fp32")
             and self.session.summary_enabled
             and not (only_line_magics(result.info.raw_cell) and not record.error)
         ):

@@ -34,6 +34,7 @@ import threading
 import time
 from typing import Any
 
+from tpunb.mixed_precision import PrecisionError, parse_precision
 from tpunb.modes import ModeConfig, ModeError
 from tpunb.monitoring import sampler_for
 from tpunb.monitoring.sampler import Tick
@@ -128,6 +129,10 @@ class LabLink:
             "busy": stats["busy"],
             "pending": stats["pending_default"],
             "memory": stats["memory"],
+            "precision": stats["precision"],
+            "default_precision": stats["default_precision"],
+            "precisions": stats["precisions_available"],
+            "pending_precision": stats["pending_precision"],
         }
 
     def send(self, message: dict[str, Any]) -> None:
@@ -171,6 +176,8 @@ class LabLink:
             self.push_state(self.session.stats(), force=True)
         elif kind == "set_mode":
             self._set_mode(data.get("mode"))
+        elif kind == "set_precision":
+            self._set_precision(data.get("precision"))
         elif kind == "monitor":
             self._panel.set_open(bool(data.get("open")))
         elif kind == "graph":
@@ -185,6 +192,13 @@ class LabLink:
         try:
             self.session.request_default(ModeConfig.build(name), source="lab")
         except (ModeError, ModeUnavailable) as error:
+            self.send({"type": "error", "message": str(error)})
+        self.push_state(self.session.stats(), force=True)
+
+    def _set_precision(self, name: Any) -> None:
+        try:
+            self.session.request_precision(parse_precision(name))
+        except PrecisionError as error:
             self.send({"type": "error", "message": str(error)})
         self.push_state(self.session.stats(), force=True)
 

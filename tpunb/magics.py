@@ -18,11 +18,13 @@ from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, 
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from tpunb.cellcompile import CompileModePrefix, NotCompilable
+from tpunb.mixed_precision import Precision, PrecisionError, parse_precision
 from tpunb.modes import Mode, ModeConfig, ModeError
 from tpunb.report import mode_table
 from tpunb.session import Session
 
 MODE_NAMES = tuple(mode.value for mode in Mode)
+PRECISION_NAMES = tuple(precision.value for precision in Precision)
 #: Top ops ``%%tpu_profile`` lists unless told.
 TOP_OPS = 10
 
@@ -51,8 +53,8 @@ def parse_magic_line(magic: Callable[..., Any], line: str, prefix: str = "%") ->
 
 @magics_class
 class TpuMagics(Magics):
-    """``%tpu_mode``, ``%%tpu_mode``, ``%%tpu_profile``, ``%tpu_summary``, ``%tpu_cache``, ``%tpu_monitor``,
-    ``%tpu_doctor``, ``%%tpu_distributed``."""
+    """``%tpu_mode``, ``%%tpu_mode``, ``%tpu_precision``, ``%%tpu_precision``, ``%%tpu_profile``,
+    ``%tpu_summary``, ``%tpu_cache``, ``%tpu_monitor``, ``%tpu_doctor``, ``%%tpu_distributed``."""
 
     def __init__(self, shell: Any, session: Session) -> None:
         super().__init__(shell)
@@ -140,6 +142,54 @@ class TpuMagics(Magics):
                 expression = ast.Expression(last.value)
                 return eval(shell.compile(expression, filename, "eval"), shell.user_ns)
         return None
+
+    @magic_arguments()
+    @argument(
+        "precision",
+        nargs="?",
+        type=str.lower,
+        choices=PRECISION_NAMES,
+        help="fp32 (off), bf16 or fp16 (autocast to bfloat16 or float16); omit it to show the current one.",
+    )
+    @line_cell_magic
+    def tpu_precision(self, line: str, cell: str | None = None) -> Any:
+        """Show or set the precision ops run in: ``fp32``, ``bf16`` or ``fp16`` (autocast).
+
+        As a line magic, ``%tpu_precision bf16`` sets it for this and the following cells;
+        as a cell magic, ``%%tpu_precision bf16`` runs just that cell in it and restores the
+        previous precision afterwards, even if the cell raises. It combines with every mode.
+        A precision the runtime cannot run is refused with the reason. For fp16 on a GPU,
+        ``tpunb.grad_scaler()`` scales the loss (and is a pass-through everywhere else).
+
+        Example::
+
+            %tpu_precision bf16
+            %tpu_mode fused
+        """
+        __tracebackhide__ = True
+        prefix = "%" if cell is None else "%%"
+        args = parse_magic_line(self.tpu_precision, line, prefix)
+        session = self.session
+        if args.precision is None:
+            if cell is not None:
+                raise UsageError(f"%%tpu_precision needs a precision: {', '.join(PRECISION_NAMES)}")
+            print(
+                f"tpunb: precision {session.effective_precision} "
+                f"(accepted on this runtime: {', '.join(session.available_precisions)})"
+            )
+            return None
+        precision = parse_precision(args.precision)
+        try:
+            session.check_precision(precision)
+        except PrecisionError as error:
+            raise UsageError(f"{prefix}tpu_precision: {error}") from None
+        if cell is None:
+            previous = session.default_precision
+            session.set_precision(precision)
+            print(f"tpunb: precision {precision} (was {previous})")
+            return None
+        with session.precision_scoped(precision):
+            return self._run_cell(f"%%tpu_precision {line}", cell, session.effective)
 
     @magic_arguments()
     @argument(

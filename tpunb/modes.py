@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
+from typing import TypeVar
+
+Named = TypeVar("Named", bound=enum.Enum)
 
 
 class Mode(enum.Enum):
@@ -37,16 +40,25 @@ class ModeError(ValueError):
     """A mode name or option that tpunb does not accept."""
 
 
+def member_named(kind: type[Named], value: object) -> Named | None:
+    """The member of ``kind`` that ``value`` is or names (any case, surrounding spaces), or None."""
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str):
+        key = value.strip().lower()
+        for member in kind:
+            if member.value == key:
+                return member
+    return None
+
+
 def parse_mode(value: str | Mode) -> Mode:
     """Turn user input (any case, surrounding spaces) into a Mode, or explain what is accepted."""
-    if isinstance(value, Mode):
-        return value
-    if not isinstance(value, str):
+    if not isinstance(value, (str, Mode)):
         raise ModeError(f"mode must be a string, not {type(value).__name__}")
-    key = value.strip().lower()
-    for mode in Mode:
-        if mode.value == key:
-            return mode
+    found = member_named(Mode, value)
+    if found is not None:
+        return found
     valid = ", ".join(m.value for m in Mode)
     raise ModeError(f"unknown mode {value!r}; valid modes: {valid}")
 

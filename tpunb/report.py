@@ -56,15 +56,18 @@ def mode_table(session: Session) -> str:
 
 
 def cell_summary(record: CellRun) -> str:
-    """The one-line summary after a cell that ran in a mode other than strict."""
-    parts = [f"[tpunb] {record.mode}", f"{record.wall_s:.2f} s"]
+    """The one-line summary after a cell that ran in a mode other than strict, or in reduced precision."""
+    parts = [f"[tpunb] {record.mode}"]
+    if record.precision != "fp32":
+        parts.append(record.precision)
+    parts.append(f"{record.wall_s:.2f} s")
     if record.peak_bytes is not None:
         parts.append(f"peak {format_bytes(record.peak_bytes)}")
     if "compile" in record.mode:
         parts.append(f"{record.compiled_graphs} graph{'s' if record.compiled_graphs != 1 else ''} compiled")
         if record.graph_breaks:
             parts.append(f"{record.graph_breaks} graph break{'s' if record.graph_breaks != 1 else ''}")
-    if record.groups or "compile" not in record.mode:
+    if record.groups or (record.mode != "strict" and "compile" not in record.mode):  # strict: a bf16 cell
         parts.append(f"{record.groups} group{'s' if record.groups != 1 else ''}")
     if record.recompiles:
         parts.append(f"recompiled: {record.recompiles}")

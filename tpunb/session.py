@@ -22,6 +22,15 @@ from tpunb.advice import fused_slower
 from tpunb.cellcompile import CellCompiler
 from tpunb.events import CellRun, EventBus, ModeChange
 from tpunb.groupfold import GroupFold
+from tpunb.mixed_precision import (
+    DEFAULT_PRECISION,
+    Precision,
+    PrecisionError,
+    accepted,
+    autocast,
+    needs_loss_scaling,
+    refusal,
+)
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes import (
     CPU_FALLBACK,
@@ -47,7 +56,11 @@ class Session:
         self._default = ModeConfig()
         self._pending_default: tuple[ModeConfig, str] | None = None
         self._overrides: list[ModeConfig] = []
-        self._active: tuple[ModeConfig, ExitStack] | None = None
+        self._default_precision = DEFAULT_PRECISION
+        self._precision_overrides: list[Precision] = []
+        self._scaler: tuple[tuple[str, bool], Any] | None = None
+        self._pending_precision: Precision | None = None
+        self._active: tuple[tuple[ModeConfig, Precision], ExitStack] | None = None
         self._cell: _CellWindow | None = None
         self._cell_compiler: CellCompiler | None = None
         self.group_rows = GroupFold()
@@ -75,6 +88,73 @@ class Session:
                 f"{config.mode.value} mode is not available on the {self.runtime.name} runtime "
                 f"yet; available here: {available}"
             )
+
+    # --- precision --------------------------------------------------------------------------
+
+    @property
+    def default_precision(self) -> Precision:
+        return self._default_precision
+
+    @property
+    def effective_precision(self) -> Precision:
+        return self._precision_overrides[-1] if self._precision_overrides else self._default_precision
+
+    @property
+    def available_precisions(self) -> list[str]:
+        return accepted(self.runtime.autocast_device, _bf16_supported)
+
+    def check_precision(self, precision: Precision) -> None:
+        reason = refusal(precision, self.runtime.autocast_device, _bf16_supported)
+        if reason is not None:
+            raise PrecisionError(
+                f"{precision} is not available on the {self.runtime.name} runtime ({self.runtime.device}): "
+                f"{reason}; accepted here: {', '.join(self.available_precisions)}"
+            )
+
+    def set_precision(self, precision: Precision) -> None:
+        """Make ``precision`` that of this and later cells (or of the rest of a script)."""
+        self.check_precision(precision)
+        self._default_precision = precision
+        if self._cell is not None or not self._in_notebook:
+            self._activate()
+
+    def request_precision(self, precision: Precision) -> bool:
+        """``set_precision`` from outside the running cell (the lab extension's picker): now
+        between cells, or when the running cell ends (``request_default``'s rule). Returns
+        whether it applied now."""
+        self.check_precision(precision)
+        if self.cell_running:
+            self._pending_precision = precision
+            return False
+        self._pending_precision = None
+        self.set_precision(precision)
+        return True
+
+    @contextlib.contextmanager
+    def precision_scoped(self, precision: Precision) -> Iterator[None]:
+        """Run a block in ``precision``; the previous one is back afterwards, even on error."""
+        self.check_precision(precision)
+        self._precision_overrides.append(precision)
+        try:
+            self._activate()
+            yield
+        finally:
+            self._precision_overrides.pop()
+            self._activate()
+
+    def grad_scaler(self) -> Any:
+        """The session's loss scaler for the effective precision: one ``torch.amp.GradScaler``
+        per device and need, so its scale carries over from step to step and cell to cell;
+        enabled only where float16 needs it (needs_loss_scaling)."""
+        import torch
+
+        device = self.runtime.autocast_device
+        key = (device, needs_loss_scaling(self.effective_precision, device))
+        if self._scaler is None or self._scaler[0] != key:
+            self._scaler = (key, torch.amp.GradScaler(device, enabled=key[1]))
+        return self._scaler[1]
+
+    # --- modes ----------------------------------------------------------------------------
 
     def set_default(self, config: ModeConfig, source: str = "api") -> None:
         """Make ``config`` the mode of this and later cells (or of the rest of a script)."""
@@ -115,16 +195,18 @@ class Session:
             self._activate()
 
     def _activate(self) -> None:
-        """Open the runtime scope for the effective mode, closing the one open now."""
-        target = self.effective
+        """Open the runtime scope for the effective mode and precision, closing the one open now."""
+        target = (self.effective, self.effective_precision)
         if self._active is not None and self._active[0] == target:
             return
         self._deactivate()
         stack = ExitStack()
-        stack.enter_context(self.runtime.mode_scope(target))
+        stack.enter_context(self.runtime.mode_scope(target[0]))
+        stack.enter_context(autocast(target[1], self.runtime.autocast_device))
         self._active = (target, stack)
         if self._cell is not None:
-            self._cell.modes.add(target.mode)
+            self._cell.modes.add(target[0].mode)
+            self._cell.precisions.add(target[1])
 
     def _deactivate(self) -> None:
         active, self._active = self._active, None
@@ -163,6 +245,9 @@ class Session:
             pending, self._pending_default = self._pending_default, None
             if pending is not None:
                 self.set_default(*pending)
+            precision, self._pending_precision = self._pending_precision, None
+            if precision is not None:
+                self.set_precision(precision)
         return record
 
     def _record(self, cell: _CellWindow, error: BaseException | None) -> CellRun:
@@ -185,6 +270,7 @@ class Session:
             graph_breaks=sum(sum(r.graph_breaks.values()) for r in compiled),
             recompiles="; ".join(reason for r in compiled for reason in r.recompile_reasons) or None,
             counters=counters,
+            precision=_summary_precision(cell.precisions),
             slower=fused_slower(self.bus.recent("group", groups)) if groups else None,
         )
         self.bus.publish(record)
@@ -204,6 +290,10 @@ class Session:
             "mode": self.effective.mode.value,
             "default_mode": self._default.mode.value,
             "modes_available": self.available_modes,
+            "precision": self.effective_precision.value,
+            "default_precision": self._default_precision.value,
+            "precisions_available": self.available_precisions,
+            "pending_precision": self._pending_precision.value if self._pending_precision else None,
             "busy": self.cell_running,
             "pending_default": pending.mode.value if (pending := self.pending_default) is not None else None,
             "memory": asdict(memory) if memory is not None else None,
@@ -248,6 +338,19 @@ def _warn_fallbacks(counters: dict[str, float]) -> None:
         warnings.warn_explicit(text, RuntimeWarning, filename="tpunb", lineno=0)
 
 
+def _bf16_supported() -> bool:
+    """Whether the GPU has bfloat16 units (asked only of CUDA runtimes)."""
+    import torch
+
+    return torch.cuda.is_bf16_supported()
+
+
+def _summary_precision(used: set[Precision]) -> str:
+    """The precisions a cell ran in, fp32 left out when a reduced one ran too (as for modes)."""
+    reduced = [p.value for p in Precision if p in used and p is not DEFAULT_PRECISION]
+    return "+".join(reduced) or DEFAULT_PRECISION.value
+
+
 def _summary_mode(used: set[Mode]) -> str:
     """The modes a cell ran in, strict left out when others ran too (``debug``, not
     ``debug+strict``, for a ``%%tpu_mode debug`` cell that started in strict)."""
@@ -276,6 +379,7 @@ class _CellWindow:
         self.counters_before = counters_before
         self.started = time.perf_counter()
         self.modes: set[Mode] = set()
+        self.precisions: set[Precision] = set()
 
 
 _session: Session | None = None

@@ -47,6 +47,19 @@ class AssetMissing(ModuleNotFoundError):
     """A tutorial asset package is not installed; the message is the pip command to run."""
 
 
+def chosen_precision(wanted: str = "auto") -> str:
+    """A tutorial's precision: ``wanted``, or for ``"auto"`` bf16 where the device computes in
+    it (a TPU, a GPU with bf16 units) and fp32 on a CPU, where bf16 speeds up only CPUs with
+    bf16 instructions and slows the rest (``python -m benchmarks.precision``)."""
+    if wanted != "auto":
+        return wanted
+    from tpunb.session import get_session
+
+    session = get_session()
+    accelerated = session.runtime.autocast_device != "cpu"
+    return "bf16" if accelerated and "bf16" in session.available_precisions else "fp32"
+
+
 def package_dir(name: str) -> Path:
     """The folder of an installed asset package, found without importing it (importing some
     of them reads every file or pulls dependencies that are not installed)."""

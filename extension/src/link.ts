@@ -62,6 +62,11 @@ export class KernelLink implements IDisposable {
     this._stateChanged.emit(this._state);
   }
 
+  /** Ask the kernel to make `precision` that of the next cells (`%tpu_precision`). */
+  setPrecision(precision: string): void {
+    this.send({ type: 'set_precision', precision });
+  }
+
   /** Send a request to the kernel's tpunb (dropped when tpunb is not loaded there). */
   send(message: IKernelMessage): void {
     if (this._comm && !this._comm.isDisposed) {

@@ -2,7 +2,7 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
 import { KernelLink } from './link';
-import { MODES, pendingNote, pickedMode } from './state';
+import { MODES, pendingNote, pickedMode, pickedPrecision } from './state';
 
 /**
  * The notebook toolbar's mode picker. Picking sends `set_mode` over the comm (no code goes
@@ -17,13 +17,23 @@ export class ModePicker extends Widget {
     super();
     this.addClass('tpunb-ModePicker');
     this._select = document.createElement('select');
+    this._select.className = 'tpunb-ModePicker-mode';
     this._select.title = trans.__('tpunb execution mode of the next cells');
     this._select.setAttribute('aria-label', trans.__('tpunb mode'));
+    this._precision = document.createElement('select');
+    this._precision.className = 'tpunb-PrecisionPicker';
+    this._precision.title = trans.__(
+      'tpunb precision of the next cells (autocast)'
+    );
+    this._precision.setAttribute('aria-label', trans.__('tpunb precision'));
     this._note = document.createElement('span');
     this._note.className = 'tpunb-ModePicker-note';
-    this.node.append(this._select, this._note);
+    this.node.append(this._select, this._precision, this._note);
     this._select.addEventListener('change', () =>
       this._link.setMode(this._select.value)
+    );
+    this._precision.addEventListener('change', () =>
+      this._link.setPrecision(this._precision.value)
     );
     _link.stateChanged.connect(this._render, this);
     this._render();
@@ -48,12 +58,21 @@ export class ModePicker extends Widget {
       );
     }
     this._select.value = pickedMode(state, this._link.requested);
+    const precisions = state.precisions ?? [];
+    this._precision.hidden = precisions.length < 2; // older kernels, or fp32 only
+    if (precisions.join() !== this._offeredPrecisions) {
+      this._offeredPrecisions = precisions.join();
+      this._precision.replaceChildren(...precisions.map(p => new Option(p, p)));
+    }
+    this._precision.value = pickedPrecision(state);
     const note = pendingNote(state, this._link.requested);
     this._note.textContent = note ?? '';
     this.toggleClass('tpunb-mod-pending', note !== null);
   }
 
   private _select: HTMLSelectElement;
+  private _precision: HTMLSelectElement;
   private _note: HTMLSpanElement;
   private _offered = '';
+  private _offeredPrecisions = '';
 }

@@ -31,6 +31,14 @@ export interface IKernelState {
   /** A mode picked while a cell ran: the kernel applies it when that cell ends. */
   pending: string | null;
   memory: IMemory | null;
+  /** The precision ops run in right now (`%tpu_precision`); absent from older kernels. */
+  precision?: string;
+  /** The precision of the next cells. */
+  default_precision?: string;
+  /** The precisions this runtime accepts. */
+  precisions?: string[];
+  /** A precision picked while a cell ran: applied when that cell ends. */
+  pending_precision?: string | null;
 }
 
 const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
@@ -69,9 +77,18 @@ export function formatMemory(memory: IMemory | null): string {
   return `${memory.label} ${used} / ${inUnit(memory.limit, limitPower)} ${UNITS[limitPower]}`;
 }
 
-/** The status bar item: `tpunb · fused · HBM 3.1 / 16 GiB`. */
+/** The status bar item: `tpunb · fused · HBM 3.1 / 16 GiB`, `tpunb · fused · bf16 · ...`. */
 export function statusText(state: IKernelState): string {
-  return `tpunb · ${state.mode} · ${formatMemory(state.memory)}`;
+  const precision =
+    state.precision && state.precision !== 'fp32'
+      ? ` · ${state.precision}`
+      : '';
+  return `tpunb · ${state.mode}${precision} · ${formatMemory(state.memory)}`;
+}
+
+/** The precision the picker shows: a pick waiting for the running cell, else the default. */
+export function pickedPrecision(state: IKernelState): string {
+  return state.pending_precision ?? state.default_precision ?? 'fp32';
 }
 
 /** The status item's tooltip: where the kernel runs and what clicking does. */

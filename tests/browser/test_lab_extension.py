@@ -23,7 +23,8 @@ CELLS = [
     "print('now in', tpunb.current_mode())",
 ]
 STATUS = ".tpunb-ModeStatus"
-PICKER = ".tpunb-ModePicker select"
+PICKER = ".tpunb-ModePicker-mode"
+PRECISION = ".tpunb-PrecisionPicker"
 NOTE = ".tpunb-ModePicker-note"
 APP = "window.jupyterapp.shell.currentWidget"
 
@@ -77,6 +78,14 @@ def test_status_item_and_mode_picker_follow_the_kernel(lab, page):
     assert page.locator(PICKER).input_value() == "strict"
     options = page.locator(f"{PICKER} option").all_inner_texts()
     assert options == ["debug", "strict", "fused", "compile"]
+
+    # the precision picker: what this runtime accepts; a pick shows in the status item
+    assert page.locator(f"{PRECISION} option").all_inner_texts() == ["fp32", "bf16"]
+    assert page.locator(PRECISION).input_value() == "fp32"
+    page.locator(PRECISION).select_option("bf16")
+    wait_status(page, "^tpunb · strict · bf16 · host RSS ")
+    page.locator(PRECISION).select_option("fp32")
+    wait_status(page, "^tpunb · strict · host RSS ")
 
     run_cell(page, 1)  # %tpu_mode debug moves both
     wait_status(page, "^tpunb · debug · ")

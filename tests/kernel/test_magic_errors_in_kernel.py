@@ -18,6 +18,17 @@ BAD_INPUTS = {
         ("%%tpu_mode turbo\nx = 1", "invalid choice: 'turbo'", "%%tpu_mode"),
         ("%%tpu_mode debug extra\nx = 1", "unrecognized arguments: extra", "%%tpu_mode"),
     ],
+    "tpu_precision": [
+        ("%tpu_precision fp8", "invalid choice: 'fp8'", "'fp32', 'bf16', 'fp16'"),
+        (
+            "%tpu_precision fp16",
+            "fp16 is not available on the native runtime (cpu)",
+            "accepted here: fp32, bf16",
+        ),
+        ("%tpu_precision bf16 fp32", "unrecognized arguments: fp32", "%tpu_precision"),
+        ("%%tpu_precision\nx = 1", "needs a precision", "fp32, bf16, fp16"),
+        ("%%tpu_precision fp16\nx = 1", "the CPU has no float16 units", "accepted here: fp32, bf16"),
+    ],
     "tpu_profile": [
         ("%%tpu_profile --mode turbo\nx = 1", "invalid choice: 'turbo'", "'fused'"),
         ("%%tpu_profile --top 0\nx = 1", "expected a whole number, 1 or more, got '0'", "--top N"),
@@ -48,7 +59,8 @@ BAD_INPUTS = {
 }
 
 STATE = (
-    "[tpunb.current_mode(), tpunb.stats()['default_mode'], tpunb.runtime().cache_dir(), "
+    "[tpunb.current_mode(), tpunb.stats()['default_mode'], tpunb.stats()['precision'], "
+    "tpunb.runtime().cache_dir(), "
     "__import__('tpunb.session').session.get_session().summary_enabled, x, kept.tolist()]"
 )
 

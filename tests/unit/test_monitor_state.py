@@ -55,6 +55,7 @@ def test_the_text_snapshot_shows_counts_and_compile_time():
         "runtime": "native",
         "device": "cpu",
         "mode": "fused",
+        "precision": "bf16",
         "memory": None,
         "groups": rows,
         "groups_total": 3,
@@ -62,3 +63,4 @@ def test_the_text_snapshot_shows_counts_and_compile_time():
         "cache": {"requests": 0, "hits": 0, "misses": 0, "compiles": 0},
     }
     assert "compiling 4.0 s ×3 " in format_text(state)
+    assert format_text(state).startswith("tpunb monitor · native on cpu · mode fused · bf16\n")

@@ -72,3 +72,11 @@ def test_fused_that_pays_or_has_nothing_to_compare_says_nothing():
     assert fused_slower([group("hit", 21.0, 2.0, None) for _ in range(5)]) is None  # never replayed
     assert fused_slower([group("eager", 21.0, 6.0, 6.0)]) is None  # not compiled yet
     assert fused_slower([group("hit", 0.5, 0.1, 0.2, ops=5)]) is None  # too small to notice
+
+
+def test_a_reduced_precision_cell_names_its_precision_and_a_strict_one_no_groups():
+    assert (
+        cell_summary(run(mode="fused", precision="bf16", groups=2))
+        == "[tpunb] fused · bf16 · 1.23 s · 2 groups"
+    )
+    assert cell_summary(run(mode="strict", precision="bf16")) == "[tpunb] strict · bf16 · 1.23 s"

@@ -153,6 +153,9 @@ function render({ model, el }) {
     header.appendChild(element("span", "tpunb-title", "tpunb"));
     header.appendChild(element("span", "", `${state.runtime ?? NA} · ${state.device ?? NA}`));
     header.appendChild(element("span", `tpunb-mode tpunb-mode-${state.mode}`, state.mode ?? NA));
+    const precision = element("span", "tpunb-precision", state.precision ?? "fp32");
+    precision.dataset.role = "precision";
+    header.appendChild(precision);
     const tick = element("span", "tpunb-tick", `tick ${state.tick ?? 0}`);
     tick.dataset.role = "tick";
     header.appendChild(tick);

@@ -43,6 +43,7 @@ class MonitorState:
             "runtime": stats["runtime"],
             "device": stats["device"],
             "mode": stats["mode"],
+            "precision": stats["precision"],
             "memory": memory,
             "timeline": self._thinned_timeline(now),
             "cells": cells[::-1],
@@ -86,7 +87,8 @@ def format_text(state: dict[str, Any]) -> str:
     requests = cache.get("requests") or 0
     rate = f"{cache['hits'] / requests:.0%}" if requests else "n/a"
     lines = [
-        f"tpunb monitor · {state['runtime']} on {state['device']} · mode {state['mode']}",
+        f"tpunb monitor · {state['runtime']} on {state['device']} · mode {state['mode']} "
+        f"· {state['precision']}",
         f"  {memory_text}",
         f"  compile cache: {requests} requests, {cache['hits']} hits, {cache['misses']} misses "
         f"(hit rate {rate}), {cache['compiles']} compiles",

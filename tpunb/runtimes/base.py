@@ -41,6 +41,7 @@ class Runtime(Protocol):
     # records to the event bus.
     name: str  # "native", "xla", "torchtpu"
     device: str  # "cpu", "cuda:0", "xla:0", "tpu:0"
+    autocast_device: str  # the device type torch.autocast takes for its tensors: "cpu", "cuda", "xla", "tpu"
     modes: frozenset[Mode]  # the modes this runtime can run today
 
     def mode_scope(self, config: ModeConfig) -> AbstractContextManager[None]:

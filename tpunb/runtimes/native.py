@@ -55,6 +55,7 @@ class NativeRuntime:
     def __init__(self, publish: Callable[[Record], None] | None = None) -> None:
         self._cuda = torch.cuda.is_available()
         self.device = f"cuda:{torch.cuda.current_device()}" if self._cuda else "cpu"
+        self.autocast_device = "cuda" if self._cuda else "cpu"
         self.engine = FusionEngine(torch.device(self.device), publish)
         use_cache_dir()
 

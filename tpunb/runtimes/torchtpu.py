@@ -76,6 +76,7 @@ class TorchTpuRuntime:
         self._publish = publish or (lambda record: None)
         self.present = tpu_chip_count() > 0
         self.device = "tpu:0" if self.present else "cpu (no TPU present)"
+        self.autocast_device = "tpu" if self.present else "cpu"  # without a chip tensors stay on the CPU
         self._group_handler = _attach_group_handler(self._publish)
 
     # --- modes ----------------------------------------------------------------------------

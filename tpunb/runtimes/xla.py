@@ -98,6 +98,7 @@ class XlaRuntime:
         # Not torch_xla.device(): that starts the PJRT runtime, after which a notebook can no
         # longer spawn processes (torch_xla.launch / xmp.spawn). Wait for the user's first op.
         self.device = "xla:0"
+        self.autocast_device = "xla"
         self._memory_supported = True
         self._cache_dir: str | None = os.environ.get("XLA_PERSISTENT_CACHE_PATH")
         self._graph_log = GraphLog(log_path) if log_path else None

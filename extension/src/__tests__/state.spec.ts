@@ -4,6 +4,7 @@ import {
   IKernelState,
   pendingNote,
   pickedMode,
+  pickedPrecision,
   statusText,
   statusTitle
 } from '../state';
@@ -78,6 +79,15 @@ describe('status item', () => {
     );
   });
 
+  it('names the precision when it is not fp32', () => {
+    expect(statusText(state({ precision: 'bf16' }))).toBe(
+      'tpunb · fused · bf16 · HBM 3.1 / 16 GiB'
+    );
+    expect(statusText(state({ precision: 'fp32' }))).toBe(
+      'tpunb · fused · HBM 3.1 / 16 GiB'
+    );
+  });
+
   it('names the runtime, the next mode and the peak in its tooltip', () => {
     expect(statusTitle(state({ mode: 'debug' }))).toBe(
       'tpunb 0.1.0: torchtpu runtime on tpu:0; next cells run in fused mode, peak HBM 5.5 / 16 GiB. ' +
@@ -118,5 +128,17 @@ describe('asKernelState', () => {
     expect(asKernelState({ type: 'monitor', state: {} })).toBeNull();
     expect(asKernelState(null)).toBeNull();
     expect(asKernelState({ type: 'state' })).toBeNull();
+  });
+});
+
+describe('pickedPrecision', () => {
+  it('shows a pick that waits for the running cell, else the default', () => {
+    expect(pickedPrecision(state())).toBe('fp32'); // a kernel from before precisions
+    expect(pickedPrecision(state({ default_precision: 'bf16' }))).toBe('bf16');
+    expect(
+      pickedPrecision(
+        state({ default_precision: 'fp32', pending_precision: 'bf16' })
+      )
+    ).toBe('bf16');
   });
 });

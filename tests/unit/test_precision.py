@@ -1,0 +1,80 @@
+"""Mixed precision (tpunb/mixed_precision.py, session.py): one switch per runtime, with every
+mode, refused by name where the runtime cannot run it, restored after a block even on error."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import tpunb
+from tpunb.mixed_precision import PrecisionError
+
+WIDTH = 256
+
+
+def test_a_bf16_block_runs_matmuls_in_bfloat16_and_restores_fp32_after_an_error():
+    a = torch.randn(WIDTH, WIDTH)
+    with pytest.raises(ZeroDivisionError), tpunb.precision("bf16"):
+        assert (a @ a).dtype == torch.bfloat16 and tpunb.stats()["precision"] == "bf16"
+        assert (a + 1).dtype == torch.float32  # autocast leaves what it does not list alone
+        raise ZeroDivisionError
+    assert (a @ a).dtype == torch.float32 and tpunb.stats()["precision"] == "fp32"
+
+
+def test_precisions_the_cpu_cannot_run_and_unknown_ones_are_refused_by_name():
+    with pytest.raises(PrecisionError, match=r"fp16 is not available on the native runtime \(cpu\): the CPU"):
+        tpunb.set_precision("fp16")
+    with pytest.raises(PrecisionError, match="unknown precision 'fp8'; accepted: fp32, bf16, fp16"):
+        tpunb.set_precision("fp8")
+    with pytest.raises(PrecisionError, match="accepted here: fp32, bf16"), tpunb.precision("fp16"):
+        pass
+    assert tpunb.stats()["precision"] == "fp32" and tpunb.stats()["precisions_available"] == ["fp32", "bf16"]
+
+
+def make_mlp() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(WIDTH, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    return model, torch.optim.SGD(model.parameters(), lr=0.05)
+
+
+def train(model, optimizer, steps: int = 4) -> list[float]:
+    torch.manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(64, WIDTH), torch.randint(0, 10, (64,))
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        tpunb.grad_scaler().scale(loss).backward()  # a pass-through off CUDA fp16
+        tpunb.grad_scaler().step(optimizer)
+        tpunb.grad_scaler().update()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_fused_bf16_training_equals_strict_bf16_within_bfloat16_tolerance():
+    strict_model, strict_opt = make_mlp()
+    fused_model = copy.deepcopy(strict_model)
+    fused_opt = torch.optim.SGD(fused_model.parameters(), lr=0.05)
+    with tpunb.precision("bf16"):
+        expected = train(strict_model, strict_opt)
+        tpunb.adopt(fused_model, fused_opt)
+        with tpunb.mode("fused", sync_compile=True):
+            got = train(fused_model, fused_opt)
+    assert got == pytest.approx(expected, rel=2e-2)  # bfloat16 keeps 8 bits of mantissa
+    # the casts were recorded with the ops, into the step's group
+    assert all(g["top_ops"].get("_to_copy", 0) >= 4 for g in tpunb.stats()["groups"][-4:])
+    for a, b in zip(strict_model.parameters(), fused_model.parameters(), strict=True):
+        assert torch.allclose(a.detach(), torch.as_tensor(b.detach()), atol=2e-2)
+    assert not tpunb.grad_scaler().is_enabled()
+
+
+def test_a_reduced_precision_overflow_is_named_in_debug_mode():
+    big = torch.full((4, 4), 1e30)
+    with (
+        pytest.raises(Exception, match=r"aten\.mm produced Inf from finite inputs: a bfloat16 overflow"),
+        tpunb.precision("bf16"),
+        tpunb.mode("debug"),
+    ):
+        big @ big
