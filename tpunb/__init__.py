@@ -160,12 +160,12 @@ def monitor() -> Any:
 
 
 def profile(
-    mode: str | None = None, trace: str | None = None, top: int = 10, shapes: bool | None = None
+    mode: str | None = None, trace: str | None = None, top: int | None = None, shapes: bool | None = None
 ) -> Any:
     """``with tpunb.profile() as p:`` runs the block under the runtime's profiler; when it ends,
     ``p`` holds the top ops, fusion groups, waits, findings (``p.findings``: what to fix, the
     costliest first), the trace's path and ``p.plot()``. ``mode`` runs the block in that mode;
-    ``trace`` is the directory for the trace file; ``top`` how many ops to list; ``shapes``
+    ``trace`` is the directory for the trace file; ``top`` how many ops to list (10); ``shapes``
     records the ops' input shapes (default: on, but on the native runtime, where recording
     them keeps fused mode from adopting tensors)."""
     from tpunb.profiling import profile as run

@@ -25,8 +25,6 @@ from tpunb.session import Session
 
 MODE_NAMES = tuple(mode.value for mode in Mode)
 PRECISION_NAMES = tuple(precision.value for precision in Precision)
-#: Top ops ``%%tpu_profile`` lists unless told.
-TOP_OPS = 10
 
 
 def positive_count(text: str) -> int:
@@ -201,9 +199,7 @@ class TpuMagics(Magics):
     @argument(
         "--trace", metavar="DIR", help="where to save the trace (default: tpunb-profiles in the temp dir)."
     )
-    @argument(
-        "--top", type=positive_count, default=TOP_OPS, metavar="N", help="how many ops to list (default 10)."
-    )
+    @argument("--top", type=positive_count, metavar="N", help="how many ops to list (default 10).")
     @argument(
         "--shapes",
         action="store_true",
@@ -234,7 +230,7 @@ class TpuMagics(Magics):
             config = ModeConfig.build(args.mode) if args.mode is not None else self.session.effective
             shapes = True if args.shapes else None  # None: the runtime's default (collect.py)
             report = profiling.enter_context(
-                profile(mode=args.mode, trace=args.trace, top=args.top, shapes=shapes)
+                profile(mode=args.mode, trace=args.trace, top=args.top, shapes=shapes)  # top None: 10
             )
         except (ModeError, ProfileError) as error:
             raise UsageError(f"%%tpu_profile: {error}") from None

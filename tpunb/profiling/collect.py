@@ -77,16 +77,21 @@ class _Records:
 
 @contextlib.contextmanager
 def profile(
-    mode: str | None = None, trace: str | Path | None = None, top: int = TOP_OPS, shapes: bool | None = None
+    mode: str | None = None,
+    trace: str | Path | None = None,
+    top: int | None = None,
+    shapes: bool | None = None,
 ) -> Iterator[Profile]:
     """Profile the block: ``with tpunb.profile() as p: ...``, then ``p.findings``, ``p.top_ops``,
     ``p.plot()``... ``mode`` runs the block in that mode; ``trace`` is where the Chrome trace
     goes (default: a ``tpunb-profiles`` folder in the temporary directory); ``top`` is how
-    many ops the report lists; ``shapes`` records the ops' input shapes (default: on, but on
-    the native runtime, where it would slow fused mode down: torch_trace.py)."""
+    many ops the report lists (default ``TOP_OPS``); ``shapes`` records the ops' input shapes
+    (default: on, but on the native runtime, where it would slow fused mode down:
+    torch_trace.py)."""
     global _last
     from tpunb.session import get_session
 
+    top = TOP_OPS if top is None else top
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise ProfileError(f"top must be a whole number of ops, 1 or more; got {top!r}")
     session = get_session()
