@@ -51,6 +51,10 @@ class Finding:
     fix: str
     at: str | None = None  # the user's line it is about
 
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:  # the kinds are the API's promise (Profile.findings)
+            raise ValueError(f"unknown finding kind {self.kind!r}; the kinds: {', '.join(KINDS)}")
+
     def as_dict(self) -> dict:
         return asdict(self)
 
