@@ -154,18 +154,27 @@ def _short(reason: str) -> str:
 
 #: Counts the graphs a runtime compiled outside Dynamo's sight (None: Dynamo counts them).
 GraphCounter = Callable[[], int | None]
+#: Waits for compiles running off the notebook thread; returns the seconds waited.
+BackgroundWait = Callable[[], float]
 
 
 def _no_graph_counter() -> None:
     return None
 
 
+def _nothing_to_wait_for() -> float:
+    return 0.0
+
+
 class CompileWatch:
     """What Dynamo and Inductor (or the runtime's own compiler) did between construction and
     ``record()``, for one code object."""
 
-    def __init__(self, code: CodeType, graph_counter: GraphCounter = _no_graph_counter) -> None:
+    def __init__(
+        self, code: CodeType, graph_counter: GraphCounter = _no_graph_counter, waited_s: float = 0.0
+    ) -> None:
         self.code = code
+        self._waited_s = waited_s
         self._graph_counter = graph_counter
         self._graphs = graph_counter()
         self._counters = _counters()
@@ -192,6 +201,7 @@ class CompileWatch:
             fx_cache_misses=delta["fx_cache_misses"],
             wall_ms=(time.perf_counter() - self._started) * 1000,
             error=type(error).__name__ if error is not None else None,
+            waited_ms=self._waited_s * 1000,
         )
 
 
@@ -223,17 +233,23 @@ class StormWatch:
 
 
 class CellCompiler:
-    """Compiles and runs cells; keeps one compiled function per cell text."""
+    """Compiles and runs cells; keeps one compiled function per cell text.
+
+    A cell first waits for fused groups still compiling in the background (``wait``), and
+    its record says how long: Dynamo would otherwise wait for the same compiles, unseen,
+    inside the cell's first compile."""
 
     def __init__(
         self,
         compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]],
         publish: Any,
         graph_counter: GraphCounter = _no_graph_counter,
+        wait: BackgroundWait = _nothing_to_wait_for,
     ) -> None:
         self._compile = compile_fn
         self._publish = publish
         self._graph_counter = graph_counter
+        self._wait = wait
         self._compiled: dict[str, tuple[Callable[[], Any], Callable[[], Any], list[str]]] = {}
         self.storms = StormWatch()
 
@@ -252,7 +268,7 @@ class CellCompiler:
         placeholders = [name for name in names if name not in namespace]
         for name in placeholders:
             namespace[name] = UNASSIGNED
-        watch = CompileWatch(plain.__code__, self._graph_counter)
+        watch = CompileWatch(plain.__code__, self._graph_counter, self._wait())
         error: BaseException | None = None
         try:
             try:

@@ -61,6 +61,7 @@ class CellRun(Record):
     slower: str | None = None  # fused mode: why its groups cost more than running their ops would
     counters: dict[str, float] = field(default_factory=dict)  # runtime counters that moved
     precision: str = "fp32"  # the reduced precisions it ran in (%tpu_precision), else fp32
+    compile_waited_s: float = 0.0  # compile mode: waited for fused groups compiling in the background
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class CompiledCell(Record):
     fx_cache_misses: int
     wall_ms: float
     error: str | None
+    waited_ms: float = 0.0  # waited, before running, for fused groups compiling in the background
 
 
 Subscriber = Callable[[Record], None]

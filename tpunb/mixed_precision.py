@@ -78,10 +78,17 @@ def accepted(device_type: str, bf16_supported: Callable[[], bool]) -> list[str]:
 
 
 def autocast(precision: Precision, device_type: str) -> contextlib.AbstractContextManager[Any]:
-    """The block under ``precision``: torch's autocast for bf16 and fp16, nothing for fp32."""
+    """The block under ``precision``: torch's autocast for bf16 and fp16, nothing for fp32.
+
+    Without autocast's weight cache. The cache keeps each parameter's low-precision copy for
+    as long as the outermost autocast block is open, which PyTorch's recipe opens around one
+    forward; tpunb opens it around whole cells, so a training loop in one cell would run
+    every step on its first step's weights (measured: the same loss five steps running, where
+    the recipe's falls). Uncached, each forward casts the weights as they are now: the
+    recipe's numbers, at the cost of casting a weight again where a forward reuses it."""
     if precision is Precision.FP32:
         return contextlib.nullcontext()
-    return torch.autocast(device_type, dtype=DTYPES[precision])
+    return torch.autocast(device_type, dtype=DTYPES[precision], cache_enabled=False)
 
 
 def needs_loss_scaling(precision: Precision, device_type: str) -> bool:

@@ -10,6 +10,9 @@ from tpunb.modes import MODE_DESCRIPTIONS, Mode
 from tpunb.runtimes import MemoryInfo
 from tpunb.session import Session
 
+#: A compile-mode cell's wait for background compiles shorter than this goes unmentioned.
+WAIT_WORTH_SAYING_S = 0.05
+
 
 def format_bytes(count: int | None) -> str:
     """``1.5 GiB``; unknown figures read ``n/a``, never 0."""
@@ -67,6 +70,9 @@ def cell_summary(record: CellRun) -> str:
         parts.append(f"{record.compiled_graphs} graph{'s' if record.compiled_graphs != 1 else ''} compiled")
         if record.graph_breaks:
             parts.append(f"{record.graph_breaks} graph break{'s' if record.graph_breaks != 1 else ''}")
+        if record.compile_waited_s >= WAIT_WORTH_SAYING_S:
+            waited = record.compile_waited_s
+            parts.append(f"waited {waited:.2f} s for fused groups compiling in the background")
     if record.groups or (record.mode != "strict" and "compile" not in record.mode):  # strict: a bf16 cell
         parts.append(f"{record.groups} group{'s' if record.groups != 1 else ''}")
     if record.recompiles:

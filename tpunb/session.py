@@ -271,6 +271,7 @@ class Session:
             recompiles="; ".join(reason for r in compiled for reason in r.recompile_reasons) or None,
             counters=counters,
             precision=_summary_precision(cell.precisions),
+            compile_waited_s=sum(r.waited_ms for r in compiled) / 1000,
             slower=fused_slower(self.bus.recent("group", groups)) if groups else None,
         )
         self.bus.publish(record)
@@ -315,7 +316,10 @@ class Session:
         """Compile mode's cell runner, over this runtime's compiler (made on first use)."""
         if self._cell_compiler is None:
             self._cell_compiler = CellCompiler(
-                self.runtime.compile_cell, self.bus.publish, self.runtime.compiled_graphs
+                self.runtime.compile_cell,
+                self.bus.publish,
+                self.runtime.compiled_graphs,
+                self.runtime.wait_for_background_compiles,
             )
         return self._cell_compiler
 

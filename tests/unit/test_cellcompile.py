@@ -6,7 +6,7 @@ import ast
 
 import pytest
 
-from tpunb.cellcompile import CompileModePrefix, NotCompilable, cell_function
+from tpunb.cellcompile import CellCompiler, CompileModePrefix, NotCompilable, cell_function
 
 
 def build(source: str, namespace: dict) -> tuple:
@@ -42,3 +42,24 @@ def test_the_default_mode_prefix_leaves_magics_and_other_modes_alone():
     assert prefix(["!ls\n"]) == ["!ls\n"]
     with prefix.suspended():
         assert prefix(["x = 1\n"]) == ["x = 1\n"]
+
+
+def test_a_compiled_cell_first_waits_for_background_compiles_and_its_record_says_how_long():
+    records, order = [], []
+
+    def wait() -> float:
+        order.append("waited")
+        return 1.25
+
+    def compile_fn(function):
+        def run():
+            order.append("ran")
+            return function()
+
+        return run
+
+    compiler = CellCompiler(compile_fn, records.append, wait=wait)
+    namespace: dict = {}
+    compiler.run(ast.parse("x = 41 + 1"), "x = 41 + 1", "<cell>", namespace, cell=7)
+    assert namespace["x"] == 42 and order == ["waited", "ran"]
+    assert records[-1].waited_ms == pytest.approx(1250.0) and records[-1].cell == 7

@@ -3,6 +3,7 @@ mode, refused by name where the runtime cannot run it, restored after a block ev
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -68,6 +69,34 @@ def test_fused_bf16_training_equals_strict_bf16_within_bfloat16_tolerance():
     for a, b in zip(strict_model.parameters(), fused_model.parameters(), strict=True):
         assert torch.allclose(a.detach(), torch.as_tensor(b.detach()), atol=2e-2)
     assert not tpunb.grad_scaler().is_enabled()
+
+
+def _steps(model, optimizer, recipe: bool, steps: int = 5) -> list[float]:
+    """SGD steps on one batch; ``recipe``: PyTorch's per-forward autocast around each forward."""
+    generator = torch.Generator().manual_seed(2)
+    x, y = torch.randn(64, WIDTH, generator=generator), torch.randint(0, 10, (64,), generator=generator)
+    losses = []
+    for _ in range(steps):
+        with torch.autocast("cpu", torch.bfloat16) if recipe else contextlib.nullcontext():
+            logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.float(), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused", "compile", "debug"])
+def test_steps_in_one_bf16_block_train_like_the_per_forward_autocast_recipe(mode):
+    """A loop of optimizer steps inside one bf16 block (a cell) must use each step's weights:
+    autocast's weight cache, kept while the block is open, froze them at the first step's."""
+    expected = _steps(*make_mlp(), recipe=True)
+    model, optimizer = make_mlp()
+    with tpunb.precision("bf16"), tpunb.mode(mode):
+        got = _steps(model, optimizer, recipe=False)
+    assert got == pytest.approx(expected, rel=2e-2)
+    assert got[-1] < got[0] - 0.05 and len(set(got)) == len(got), got  # it learns, step by step
 
 
 def test_a_reduced_precision_overflow_is_named_in_debug_mode():

@@ -6,7 +6,74 @@ dispatcher keep some state process-wide. Each function here names what breaks wi
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterator
 from types import CodeType
+from typing import Any
+
+_worker = threading.local()
+
+
+@contextlib.contextmanager
+def compile_worker_thread() -> Iterator[None]:
+    """Mark the calling thread as tpunb's compile worker for the block (see ``on_compile_worker``)."""
+    _worker.active = True
+    try:
+        yield
+    finally:
+        _worker.active = False
+
+
+def on_compile_worker() -> bool:
+    """Whether the calling thread is tpunb's compile worker, inside a compile job."""
+    return getattr(_worker, "active", False)
+
+
+#: Where torch's compilers restore a random generator's state: ``preserve_rng_state`` (AOTAutograd,
+#: Inductor's codegen, Dynamo's frame conversion) looks these up by attribute at every use.
+RNG_STATE_SETTERS = (
+    ("torch.random", "set_rng_state"),
+    ("torch.cuda", "set_rng_state"),
+    ("torch.xpu", "set_rng_state"),
+)
+
+
+def keep_rng_states_beside_worker() -> None:
+    """On the calling (main) thread, before the compile worker starts: a random generator's
+    state set by torch's compilers on the worker thread is not set.
+
+    AOTAutograd and Inductor save the process-wide generators' states before they trace and
+    restore them after (``torch._dynamo.utils.preserve_rng_state``), so that a compile on the
+    thread that runs the model leaves its random stream where it was. On the worker that
+    restore rewinds the notebook's generator: every draw the notebook made during the compile
+    (batch indices, dropout masks) is drawn again afterwards, and a training loop silently
+    repeats its data order (measured: strict's state before draw #2102 seen again before
+    draw #19322). The worker's tracing runs on fake tensors and draws nothing, so its restore
+    has nothing to undo: on the worker it is skipped; every other thread gets torch's own.
+    (AOTAutograd also swaps ``torch.cuda.set_rng_state`` for a no-op while it collects a
+    graph's metadata, a few milliseconds per compile, process-wide: a CUDA state set by the
+    notebook in that window, through ``torch.cuda.set_rng_state``, is lost. tpunb's own
+    replays set generator states directly and are not affected.)"""
+    import importlib
+
+    for module_name, name in RNG_STATE_SETTERS:
+        module = importlib.import_module(module_name)
+        setter = getattr(module, name, None)
+        if setter is not None and not getattr(setter, "skipped_on_compile_worker", False):
+            setattr(module, name, _skipped_on_compile_worker(setter))
+
+
+def _skipped_on_compile_worker(setter: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(setter)
+    def set_state(*args: Any, **kwargs: Any) -> Any:
+        if on_compile_worker():
+            return None
+        return setter(*args, **kwargs)
+
+    set_state.skipped_on_compile_worker = True  # type: ignore[attr-defined]
+    return set_state
 
 
 def trace_inductor_helpers_here() -> None:
@@ -23,20 +90,25 @@ def trace_inductor_helpers_here() -> None:
     InterpreterShim._dummy_gm()
 
 
-def run_compiled_calls_beside_worker_traces() -> None:
-    """On the calling (main) thread: a torch.compile'd function called while the worker's
-    make_fx trace runs executes as plain eager PyTorch for that call, instead of failing.
+def compile_calls_beside_worker_traces() -> None:
+    """On the calling (main) thread: a torch.compile'd function called while the worker
+    traces a group is compiled and run as compiled (waiting for the worker's compile lock
+    if it has to compile), not run as plain eager PyTorch.
 
-    FX's "tracing now" flag is process-wide, and Dynamo refuses to run a compiled function
-    under it ("Detected that you are using FX to symbolically trace a dynamo-optimized
-    function"): with a fused group compiling in the background, a compiled model called in
-    the next cell failed that way (reproduced: thousands of calls during a few compiles, a
-    few percent failing). Dynamo's config is per thread, so this is set here, on the thread
-    that runs the user's code; that call gets the same values, only not compiled."""
+    FX's "tracing now" flag is process-wide: while the worker's make_fx trace runs, Dynamo on
+    every thread believes it is inside an FX trace. By default it then refuses a compiled
+    function ("Detected that you are using FX to symbolically trace a dynamo-optimized
+    function"); told not to refuse, it runs the function uncompiled, so a compile-mode cell
+    started during a background compile ran entirely uncompiled (0 graphs, 0.48x strict).
+    ``force_compile_during_fx_trace`` makes Dynamo ignore the flag: the compile it starts
+    takes Dynamo's compile lock, which the worker holds for the whole of its job, so the two
+    never trace at once. Dynamo's config is per thread (a context variable), so this holds
+    on the thread that runs the user's code only. (A compiled function called inside an FX
+    symbolic trace on that same thread is then compiled too, as Dynamo's option intends.)"""
     from torch._dynamo import config
 
-    if hasattr(config, "error_on_nested_fx_trace"):
-        config.error_on_nested_fx_trace = False
+    if hasattr(config, "force_compile_during_fx_trace"):
+        config.force_compile_during_fx_trace = True
 
 
 def skip_dynamo_in(code: CodeType) -> bool:

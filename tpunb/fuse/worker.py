@@ -14,7 +14,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from tpunb.fuse.workarounds import run_compiled_calls_beside_worker_traces, trace_inductor_helpers_here
+from tpunb.fuse.workarounds import (
+    compile_calls_beside_worker_traces,
+    compile_worker_thread,
+    keep_rng_states_beside_worker,
+    trace_inductor_helpers_here,
+)
 
 
 class CompileWorker:
@@ -26,7 +31,8 @@ class CompileWorker:
     def submit(self, job: Callable[[], None], wait: bool) -> Future:
         if self._executor is None:
             trace_inductor_helpers_here()
-            run_compiled_calls_beside_worker_traces()
+            compile_calls_beside_worker_traces()
+            keep_rng_states_beside_worker()
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpunb-compile")
         future = self._executor.submit(self._run, job)
         if wait:
@@ -35,7 +41,7 @@ class CompileWorker:
 
     @staticmethod
     def _run(job: Callable[[], None]) -> None:
-        with quick_thread_switches(), one_compiler_at_a_time():
+        with compile_worker_thread(), quick_thread_switches(), one_compiler_at_a_time():
             job()
 
     def wait_idle(self) -> None:

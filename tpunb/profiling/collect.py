@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpunb.events import CompiledCell, CompileDone, FusionGroup, Record
 from tpunb.modes import ModeConfig
@@ -25,6 +26,9 @@ from tpunb.profiling.findings import Observed, findings
 from tpunb.profiling.report import Profile
 from tpunb.profiling.torch_trace import Span, TorchTrace
 from tpunb.profiling.waits import Wait, WaitWatcher, engine_waits, wait_rows
+
+if TYPE_CHECKING:
+    from tpunb.runtimes import Runtime
 
 #: Where traces go when no directory is given.
 DEFAULT_TRACE_DIR = Path(tempfile.gettempdir()) / "tpunb-profiles"
@@ -144,12 +148,10 @@ def profile(
         _last = report
 
 
-def _wait_for_compiles(runtime: object) -> None:
+def _wait_for_compiles(runtime: Runtime) -> None:
     """Let the compiles the block started finish: their time is the block's, and a
     recompile's cost is mostly its compile."""
-    engine = getattr(runtime, "engine", None)
-    if engine is not None:
-        engine.cache.wait_idle()
+    runtime.wait_for_background_compiles()
 
 
 def _fill(

@@ -88,6 +88,11 @@ class Runtime(Protocol):
         do not see them (``torch_xla.compile`` traces without Dynamo); None: count Dynamo's."""
         ...
 
+    def wait_for_background_compiles(self) -> float:
+        """Block until the compiles tpunb started off the notebook thread (fused groups) have
+        finished; return the seconds waited (0 where nothing compiles in the background)."""
+        ...
+
     def counters(self) -> dict[str, float]:
         """Cumulative runtime counters (graphs executed, compile time, ...); the session
         reports their per-cell change. Keys starting with ``CPU_FALLBACK`` name ops that ran

@@ -11,6 +11,7 @@ import contextlib
 import os
 import resource
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -117,6 +118,11 @@ class NativeRuntime:
 
     def compiled_graphs(self) -> None:
         return None  # Inductor compiles under Dynamo, whose counters the cell compiler reads
+
+    def wait_for_background_compiles(self) -> float:
+        started = time.perf_counter()
+        self.engine.cache.wait_idle()
+        return time.perf_counter() - started
 
     def counters(self) -> dict[str, float]:
         return {}  # the fused engine reports through FusionGroup records and cache_stats

@@ -174,6 +174,9 @@ class TorchTpuRuntime:
             "compile_host_peak_bytes": stats.peak_compilation_host_memory_bytes,
         }
 
+    def wait_for_background_compiles(self) -> float:
+        return 0.0  # the runtime's compiler runs on the calling thread
+
     def counters(self) -> dict[str, float]:
         stats = self._perf_stats()
         if stats is None:

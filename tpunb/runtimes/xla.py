@@ -182,6 +182,9 @@ class XlaRuntime:
         data = self._metrics.metric_data(name)
         return float(data[1]) if data else 0.0
 
+    def wait_for_background_compiles(self) -> float:
+        return 0.0  # the runtime's compiler runs on the calling thread
+
     def counters(self) -> dict[str, float]:
         ns = 1e-9
         values: dict[str, float] = {
