@@ -81,9 +81,12 @@ def check_equal(name: str, options: FuseOptions) -> FusionEngine:
     engine = FusionEngine(torch.device("cpu"))
     got = train(fused_model, fused_opt, inputs, engine, options)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=f"{name}: losses")
+    # AdamW divides each gradient by its running scale: an element whose gradients are near zero
+    # moves by about the learning rate either way, so a compiled kernel's other order of sums
+    # can move it by 1e-5 (seen: 1 element of llama's 16384 down_proj weights, 1.6e-5)
     for (pname, ours), theirs in zip(fused_model.named_parameters(), strict_model.parameters(), strict=True):
         torch.testing.assert_close(
-            ours.detach(), theirs.detach(), rtol=1e-4, atol=1e-5, msg=f"{name}: {pname}"
+            ours.detach(), theirs.detach(), rtol=1e-4, atol=5e-5, msg=f"{name}: {pname}"
         )
     # trained weights within 1e-5 can move a logit near zero by a little more
     torch.testing.assert_close(

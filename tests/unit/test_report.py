@@ -85,6 +85,7 @@ def test_a_reduced_precision_cell_names_its_precision_and_a_strict_one_no_groups
 def test_a_compile_cell_that_waited_for_background_compiles_says_how_long():
     waited = cell_summary(run(mode="compile", compiled_graphs=2, compile_waited_s=1.5))
     assert waited == (
-        "[tpunb] compile · 1.23 s · 2 graphs compiled · waited 1.50 s for fused groups compiling in the background"
+        "[tpunb] compile · 1.23 s · 2 graphs compiled"
+        " · waited 1.50 s for fused groups compiling in the background"
     )
     assert "waited" not in cell_summary(run(mode="compile", compiled_graphs=2, compile_waited_s=0.01))

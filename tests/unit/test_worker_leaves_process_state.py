@@ -17,7 +17,8 @@ import torch.nn.functional as F
 import tpunb
 from tpunb.fuse.worker import CompileWorker
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+NO_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=NO_GPU)]
 
 
 def _generator(device: str) -> torch.Generator:
@@ -87,7 +88,8 @@ def test_a_fused_loop_draws_strict_modes_stream_while_its_groups_compile():
     in the background. Strict's generator state before every draw equals fused's, cold and warm."""
     fused_states, fused_losses = _train("fused", None)
     strict_states, strict_losses = _train("strict", len(fused_losses))
-    differ = [step for step, (a, b) in enumerate(zip(strict_states, fused_states)) if not torch.equal(a, b)]
+    pairs = enumerate(zip(strict_states, fused_states, strict=True))
+    differ = [step for step, (a, b) in pairs if not torch.equal(a, b)]
     assert not differ, f"fused drew another stream from step {differ[0]} of {len(fused_losses)}"
     assert fused_losses == pytest.approx(strict_losses, rel=1e-4, abs=1e-5)
 
@@ -113,7 +115,8 @@ def test_a_compiled_function_called_while_the_worker_traces_is_compiled_not_run_
     from torch._dynamo.utils import counters
 
     inside, release = threading.Event(), threading.Event()
-    future = CompileWorker().submit(lambda: torch.fx.symbolic_trace(_WaitsInForward(inside, release)), wait=False)
+    tracing = _WaitsInForward(inside, release)
+    future = CompileWorker().submit(lambda: torch.fx.symbolic_trace(tracing), wait=False)
     assert inside.wait(30)
     assert torch.fx._symbolic_trace.is_fx_tracing()  # the worker's flag, seen from here
     threading.Timer(0.3, release.set).start()  # the worker's job ends a moment later

@@ -252,3 +252,24 @@ def test_selftest_runs_every_mode_on_the_xla_device(xla_kernel: Kernel) -> None:
     }, steps
     assert "xla:0 reports no memory figures" in steps["memory"]["detail"]
     assert xla_kernel.value("tpunb.current_mode()") == "strict"
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused", "debug"])
+def test_a_cpu_backward_before_the_xla_device_leaves_xla_backward_working(tmp_path: Path, mode: str) -> None:
+    """A model checked on the CPU first, then moved to the device: autograd sizes its device
+    queues at the first backward, before the runtime has started (tpunb starts it first)."""
+    kernel = start_xla_kernel(tmp_path)
+    try:
+        assert kernel.value("torch_xla._XLAC._xla_runtime_is_initialized()") is False
+        on_cpu = "model = torch.nn.Linear(4, 2)\nmodel(torch.randn(3, 4)).sum().backward()"
+        assert kernel.run(f"%%tpu_mode {mode}\n{on_cpu}").error is None
+        on_xla = (
+            "model = model.to('xla')\nmodel.zero_grad()\n"
+            "model(torch.ones(3, 4, device='xla')).sum().backward()\n"
+            "grad = model.weight.grad.cpu().tolist()"
+        )
+        result = kernel.run(f"%%tpu_mode {mode}\n{on_xla}")
+        assert result.error is None, result.error
+        assert kernel.value("grad") == [[3.0] * 4] * 2  # d(sum(Wx + b))/dW with x = ones: 3 rows
+    finally:
+        kernel.shutdown()

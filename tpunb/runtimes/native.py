@@ -114,7 +114,11 @@ class NativeRuntime:
         return torch.compile(fn, **{"backend": "inductor", **options})
 
     def compile_cell(self, fn: Callable[[], Any]) -> Callable[[], Any]:
-        return self.compile_function(fn)
+        """Inductor with ``fallback_random``: random ops (dropout, ``rand``) draw what eager
+        PyTorch draws, from the same generator, so a compile-mode cell keeps strict mode's
+        losses and random stream. (Inductor's own generator, its default, draws other numbers;
+        ``tpunb.compile`` keeps ``torch.compile``'s defaults.)"""
+        return self.compile_function(fn, options={"fallback_random": True})
 
     def compiled_graphs(self) -> None:
         return None  # Inductor compiles under Dynamo, whose counters the cell compiler reads

@@ -31,6 +31,7 @@ from tpunb.events import FusionGroup, Record
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import CPU_FALLBACK, CacheDirError, CacheStats, MemoryInfo, RuntimeUnavailable
 from tpunb.runtimes.hardware import scan_tpu
+from tpunb.runtimes.xla_first_backward import StartBeforeFirstBackward
 from tpunb.runtimes.xla_graphs import GraphLog, GraphRun
 from tpunb.runtimes.xla_shape_guard import RAISES_SINCE, DotShapeGuard
 from tpunb.runtimes.xla_value_reads import THIS_FILE as VALUE_READS_FILE
@@ -110,8 +111,15 @@ class XlaRuntime:
 
     @contextlib.contextmanager
     def mode_scope(self, config: ModeConfig) -> Iterator[None]:
-        with self._shape_guard(), self._mode(config):
+        with self._shape_guard(), self._start_before_first_backward(config), self._mode(config):
             yield
+
+    def _start_before_first_backward(self, config: ModeConfig) -> contextlib.AbstractContextManager[Any]:
+        """Until the runtime is up, a backward pass starts it first (xla_first_backward.py).
+        Not in compile mode, whose cells torch_xla traces as they are."""
+        if self.started() or config.mode is Mode.COMPILE:
+            return contextlib.nullcontext()
+        return StartBeforeFirstBackward(self._torch_xla.device, self.started)
 
     def _shape_guard(self) -> contextlib.AbstractContextManager[Any]:
         """torch_xla before 2.9 aborts the process on a mismatched matmul (xla_shape_guard)."""
