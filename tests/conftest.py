@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-GROUPS = ("unit", "kernel", "browser", "notebooks", "xla", "torchtpu", "image")
+GROUPS = ("unit", "kernel", "browser", "notebooks", "workloads", "xla", "torchtpu", "image")
 
 #: Runtime suites that need their own virtual environment (``make test-xla``,
 #: ``make test-torchtpu``): collected only where their package is installed.

@@ -1,0 +1,105 @@
+"""Others' training loops in every mode against strict: the real-workload table.
+
+    python -m benchmarks.workloads [--workloads hf_trainer,lightning] [--modes strict,fused,...]
+                                   [--precisions fp32,bf16] [--steps N]
+
+Each workload runs in a fresh kernel on this interpreter, one thread (``OMP_NUM_THREADS=1``);
+per workload, precision and mode the table gives the largest loss difference against strict
+(absolute and relative, over every logged step), whether the random stream matched, the
+steady ms/step and the first step's seconds, and the ratio of strict's ms/step to the mode's
+(above 1: faster than strict). JSON goes to ``test-artifacts/workloads.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from benchmarks.workloads.catalog import WORKLOADS, missing_packages
+from benchmarks.workloads.harness import MODES, PRECISIONS, Comparison, Run, comparisons, run_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the workload's)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "tests" / "kernel"))
+    from kernels import start_kernel  # the project's one kernel client
+
+    runs: list[Run] = []
+    for name in args.workloads.split(","):
+        workload = WORKLOADS[name]
+        if missing := missing_packages(workload):
+            print(f"{name}: skipped, not installed: {', '.join(missing)}", flush=True)
+            continue
+        kernel = start_kernel(Path(tempfile.mkdtemp(prefix="tpunb-workloads-")))  # one thread
+        try:
+            loaded = kernel.run("%load_ext tpunb", timeout=300)
+            assert loaded.error is None, loaded.error
+            done = run_workload(
+                kernel, workload, args.modes.split(","), args.precisions.split(","), args.steps
+            )
+        finally:
+            kernel.shutdown()
+        runs += done
+        _print_table(done, comparisons(done))
+    artifacts = ROOT / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    (artifacts / "workloads.json").write_text(json.dumps([asdict(r) for r in runs], indent=1))
+    _print_geomeans(runs)
+    return 0 if all(c.ok for c in comparisons(runs)) else 1
+
+
+def _print_table(runs: list[Run], compared: list[Comparison]) -> None:
+    by_run = {id(c.run): c for c in compared}
+    strict = {r.precision: r for r in runs if r.mode == "strict"}
+    print(
+        f"\n{'workload':<14} {'prec':<5} {'mode':<11} {'max |dloss|':>11} {'max rel':>9} {'stream':>7} "
+        f"{'ms/step':>9} {'first s':>8} {'vs strict':>9}  status"
+    )
+    for run in runs:
+        c = by_run.get(id(run))
+        base = strict[run.precision].ms_per_step
+        ratio = f"{base / run.ms_per_step:.2f}x" if base and run.ms_per_step else "n/a"
+        diff = f"{c.max_abs:.2e}" if c else "-"
+        rel = f"{c.max_rel:.1e}" if c else "-"
+        stream = ("same" if c.same_stream else "DIFF") if c else "-"
+        status = "ok" if c is None or c.ok else "; ".join(c.problems)
+        ms = f"{run.ms_per_step:.1f}" if run.ms_per_step else "n/a"
+        first = f"{run.first_step_s:.2f}" if run.first_step_s is not None else "n/a"
+        print(
+            f"{run.workload:<14} {run.precision:<5} {run.mode:<11} {diff:>11} {rel:>9} {stream:>7} "
+            f"{ms:>9} {first:>8} {ratio:>9}  {status}",
+            flush=True,
+        )
+        if run.summary and run.mode != "strict":
+            for line in run.summary.splitlines():
+                print(f"{'':<14} {line}")
+
+
+def _print_geomeans(runs: list[Run]) -> None:
+    strict = {(r.workload, r.precision): r.ms_per_step for r in runs if r.mode == "strict"}
+    print("\ngeomean speed vs strict (ms/step, after warm-up):")
+    for mode in MODES[1:]:
+        ratios = [
+            strict[(r.workload, r.precision)] / r.ms_per_step
+            for r in runs
+            if r.mode == mode and r.ms_per_step and strict.get((r.workload, r.precision))
+        ]
+        if ratios:
+            geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            print(f"  {mode:<11} {geomean:.2f}x over {len(ratios)} runs (min {min(ratios):.2f}x)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
