@@ -12,6 +12,7 @@ from tpunb.labcomm import close_lab_link, open_lab_link
 from tpunb.magics import TpuMagics
 from tpunb.report import cell_summary, load_line
 from tpunb.session import Session, get_session
+from tpunb.source import running_cell_number
 
 
 class CellHooks:
@@ -22,7 +23,7 @@ class CellHooks:
         self.compile_prefix = compile_prefix
 
     def pre_run_cell(self, info: Any) -> None:
-        self.session.begin_cell(self.shell.execution_count)
+        self.session.begin_cell(running_cell_number(self.shell))
 
     def post_run_cell(self, result: Any) -> None:
         error = result.error_in_exec or result.error_before_exec

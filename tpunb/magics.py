@@ -22,6 +22,7 @@ from tpunb.mixed_precision import Precision, PrecisionError, parse_precision
 from tpunb.modes import Mode, ModeConfig, ModeError
 from tpunb.report import mode_table
 from tpunb.session import Session
+from tpunb.source import running_cell_number
 
 MODE_NAMES = tuple(mode.value for mode in Mode)
 PRECISION_NAMES = tuple(precision.value for precision in Precision)
@@ -120,7 +121,8 @@ class TpuMagics(Magics):
         __tracebackhide__ = True
         shell = self.shell
         raw = f"{header}\n{cell}"
-        filename = shell.compile.cache(raw, shell.execution_count, raw_code=raw)
+        number = running_cell_number(shell)
+        filename = shell.compile.cache(raw, number, raw_code=raw)
         with self.compile_prefix.suspended():
             body = shell.transform_cell(cell)
         tree = shell.compile.ast_parse(body, filename=filename)
@@ -129,9 +131,7 @@ class TpuMagics(Magics):
         with self.session.scoped(config):
             if config.mode is Mode.COMPILE:
                 try:
-                    return self.session.cell_compiler.run(
-                        tree, cell, filename, shell.user_ns, shell.execution_count
-                    )
+                    return self.session.cell_compiler.run(tree, cell, filename, shell.user_ns, number)
                 except NotCompilable as reason:
                     print(f"tpunb: this cell runs uncompiled ({reason})")
             last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None

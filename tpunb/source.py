@@ -115,3 +115,12 @@ def locate(frame: FrameType | None = None) -> SourceLocation | None:
     """The user's location for the current call stack (or from ``frame`` outward)."""
     found = user_frame(frame if frame is not None else sys._getframe(1))
     return location_of(found.f_code.co_filename, found.f_lineno) if found is not None else None
+
+
+def running_cell_number(shell: object) -> int:
+    """The number of the cell running now, as its prompt and its tracebacks show it (``In[N]``).
+
+    IPython 9 counts a cell before running it (``shell.execution_count`` is then the *next*
+    cell's number) where IPython 8 counted it after; its display hook's ``prompt_count`` is
+    the running cell's number on both (it numbers the cell's ``Out[N]``)."""
+    return shell.displayhook.prompt_count  # type: ignore[attr-defined]

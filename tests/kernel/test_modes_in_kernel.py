@@ -131,3 +131,21 @@ def test_selftest_in_a_fused_kernel_runs_every_mode_and_leaves_the_mode(kernel):
         assert re.search(rf"^ok    {check} ", table, re.MULTILINE), table
     assert "self-test: every mode works here" in table
     assert kernel.value("[tpunb.current_mode(), kept.tolist()]") == ["fused", [0.0, 2.0, 4.0, 6.0]]
+
+
+def _prompt(result) -> int:
+    """The number the notebook shows for the cell (``In [N]``): its execute_input message's."""
+    return next(m["content"]["execution_count"] for m in result.messages if m["msg_type"] == "execute_input")
+
+
+def test_tpunb_names_the_running_cell_by_its_prompt_number(kernel):
+    """IPython 9 counts a cell before running it: ``shell.execution_count`` is then the next
+    cell's number, and tpunb named every cell one too high."""
+    failed = kernel.run(NAN_CELL)
+    assert f"Cell In[{_prompt(failed)}], line 3" in failed.error["evalue"], failed.error["evalue"]
+    fused = kernel.run("%%tpu_mode fused\nz = torch.randn(4096)\ntotal = (z * 2 + 1).sum().item()")
+    assert fused.error is None, fused.error
+    stats = "tpunb.stats()"
+    trigger, cell = kernel.value(f"[{stats}['groups'][-1]['trigger'], {stats}['last_cell']['cell']]")
+    assert f"Cell In[{_prompt(fused)}], line 3" in trigger, trigger
+    assert cell == _prompt(fused)

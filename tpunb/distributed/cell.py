@@ -14,6 +14,7 @@ from tpunb.distributed.files import JOB_FILE
 from tpunb.distributed.job import Job, build_job
 from tpunb.distributed.launch import run_job
 from tpunb.session import Session
+from tpunb.source import running_cell_number
 
 
 def run_distributed_cell(
@@ -35,7 +36,7 @@ def run_distributed_cell(
         cell,
         shell.user_ns,
         first_line=2,  # the body starts on the line after %%tpu_distributed
-        filename=f"Cell In[{shell.execution_count}]",
+        filename=f"Cell In[{running_cell_number(shell)}]",
         mode=session.effective.mode.value,
         backend=chosen,
         returns=returns,
