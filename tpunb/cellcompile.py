@@ -25,6 +25,7 @@ from types import CodeType
 from typing import Any
 
 from tpunb.events import CompiledCell
+from tpunb.recompiles import STORM_RECOMPILES, StormStopper, describe_frame, failure_counts, frame_recompiles
 
 #: Counters whose change says what a run compiled: (group, name) in torch._dynamo's counters.
 _COUNTED = {
@@ -140,6 +141,8 @@ _SIZE_MISMATCH = re.compile(
 def explain_guard(reason: str) -> str:
     """Dynamo's guard failure in words: ``x.shape[0] changed 64 → 17``."""
     text = reason.split(": ", 1)[-1] if re.match(r"^\d+/\d+: ", reason) else reason
+    text = text.split("  # ", 1)[0].strip()  # Dynamo appends the guarded line as a comment
+    text = re.sub(r"\b(?:L|G)\['(.+?)'\]", r"\1", text)  # the frame's locals and globals by name
     match = _SIZE_MISMATCH.search(text)
     if match is None:
         return _short(text)
@@ -168,10 +171,15 @@ def _nothing_to_wait_for() -> float:
 
 class CompileWatch:
     """What Dynamo and Inductor (or the runtime's own compiler) did between construction and
-    ``record()``, for one code object."""
+    ``record()``: recompiles of ``code`` (a ``tpunb.compile`` function, read per call), or
+    with ``every_frame`` (a cell) of every frame Dynamo compiled meanwhile, each named."""
 
     def __init__(
-        self, code: CodeType, graph_counter: GraphCounter = _no_graph_counter, waited_s: float = 0.0
+        self,
+        code: CodeType,
+        graph_counter: GraphCounter = _no_graph_counter,
+        waited_s: float = 0.0,
+        every_frame: bool = False,
     ) -> None:
         self.code = code
         self._waited_s = waited_s
@@ -180,9 +188,33 @@ class CompileWatch:
         self._counters = _counters()
         self._breaks = _breaks()
         self._guards = len(_guard_failures(code))
+        self._failures = failure_counts() if every_frame else None
         self._started = time.perf_counter()
 
-    def record(self, cell: int | None, key: str, error: BaseException | None) -> CompiledCell:
+    def _recompile_reasons(self) -> list[str]:
+        own = [explain_guard(r) for r in _guard_failures(self.code)[self._guards :]]
+        if self._failures is None:
+            return own
+        others = [
+            f"{describe_frame(code)}{f' ×{count}' if count > 1 else ''}: {explain_guard(guard)}"
+            for code, count, guard in frame_recompiles(self._failures)
+            if code is not self.code
+        ]
+        return own + others
+
+    def _storm(self) -> str | None:
+        """The frame that recompiled most, in words, with its last failed guard."""
+        stormed = frame_recompiles(self._failures or {})
+        if not stormed:
+            return None
+        code, count, guard = stormed[0]
+        return (
+            f"{describe_frame(code)} kept recompiling (guards failed {count}×, last: {explain_guard(guard)})"
+        )
+
+    def record(
+        self, cell: int | None, key: str, error: BaseException | None, stormed: bool = False
+    ) -> CompiledCell:
         counters, breaks = _counters(), _breaks()
         delta = {name: counters[name] - self._counters[name] for name in counters}
         graphs = self._graph_counter()
@@ -196,17 +228,14 @@ class CompileWatch:
                 for reason, count in breaks.items()
                 if count > self._breaks.get(reason, 0)
             },
-            recompile_reasons=[explain_guard(r) for r in _guard_failures(self.code)[self._guards :]],
+            recompile_reasons=self._recompile_reasons(),
+            storm=self._storm() if stormed else None,
             fx_cache_hits=delta["fx_cache_hits"],
             fx_cache_misses=delta["fx_cache_misses"],
             wall_ms=(time.perf_counter() - self._started) * 1000,
             error=type(error).__name__ if error is not None else None,
             waited_ms=self._waited_s * 1000,
         )
-
-
-#: Recompiles of one cell or function before tpunb warns (once) about a recompile storm.
-STORM_RECOMPILES = 4
 
 
 class StormWatch:
@@ -268,11 +297,13 @@ class CellCompiler:
         placeholders = [name for name in names if name not in namespace]
         for name in placeholders:
             namespace[name] = UNASSIGNED
-        watch = CompileWatch(plain.__code__, self._graph_counter, self._wait())
+        watch = CompileWatch(plain.__code__, self._graph_counter, self._wait(), every_frame=True)
+        stopper = StormStopper()
         error: BaseException | None = None
         try:
             try:
-                return compiled()
+                with stopper.watching():
+                    return compiled()
             except TorchRuntimeError:
                 # The cell's own error, met while tracing (shapes, dtypes): run it as Python to
                 # raise the real exception at the cell's line.
@@ -284,7 +315,7 @@ class CellCompiler:
             for name in placeholders:
                 if namespace.get(name) is UNASSIGNED:
                     del namespace[name]
-            record = watch.record(cell, key, error)
+            record = watch.record(cell, key, error, stormed=stopper.stopped)
             self._publish(record)
             self.storms.observe(key, record, f"cell In[{cell}]")
 

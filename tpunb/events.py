@@ -62,6 +62,7 @@ class CellRun(Record):
     counters: dict[str, float] = field(default_factory=dict)  # runtime counters that moved
     precision: str = "fp32"  # the reduced precisions it ran in (%tpu_precision), else fp32
     compile_waited_s: float = 0.0  # compile mode: waited for fused groups compiling in the background
+    storm: str | None = None  # compile mode: the recompile storm stopped in the cell
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class CompiledCell(Record):
     wall_ms: float
     error: str | None
     waited_ms: float = 0.0  # waited, before running, for fused groups compiling in the background
+    storm: str | None = None  # the frame whose recompiles were stopped, and its guard (recompiles.py)
 
 
 Subscriber = Callable[[Record], None]

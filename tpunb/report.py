@@ -82,4 +82,16 @@ def cell_summary(record: CellRun) -> str:
     if record.error:
         parts.append(f"failed: {record.error}")
     line = " · ".join(parts)
+    if record.storm:
+        line += f"\n[tpunb] {storm_line(record.storm)}"
     return f"{line}\n[tpunb] {record.slower}" if record.slower else line
+
+
+def storm_line(storm: str) -> str:
+    """What a compile cell's stopped recompile storm was, and what to do about it."""
+    return (
+        f"recompile storm stopped: {storm}. From then on this cell ran a frame uncompiled where it "
+        "would have recompiled. A value that changes every step (a step counter, a logged loss, a "
+        "learning rate) is guarded in compiled code: compile the model rather than the loop around it "
+        "(model = tpunb.compile(model) in a strict cell)"
+    )

@@ -268,10 +268,11 @@ class Session:
             error=type(error).__name__ if error is not None else None,
             compiled_graphs=sum(r.graphs for r in compiled),
             graph_breaks=sum(sum(r.graph_breaks.values()) for r in compiled),
-            recompiles="; ".join(reason for r in compiled for reason in r.recompile_reasons) or None,
+            recompiles=_first_reasons([reason for r in compiled for reason in r.recompile_reasons]),
             counters=counters,
             precision=_summary_precision(cell.precisions),
             compile_waited_s=sum(r.waited_ms for r in compiled) / 1000,
+            storm=next((r.storm for r in compiled if r.storm), None),
             slower=fused_slower(self.bus.recent("group", groups)) if groups else None,
         )
         self.bus.publish(record)
@@ -328,6 +329,16 @@ def counter_changes(before: dict[str, float], after: dict[str, float]) -> dict[s
     """The counters that moved during a cell (or a profiled block), by how much."""
     changed = {name: value - before.get(name, 0) for name, value in after.items()}
     return {name: round(delta, 6) for name, delta in changed.items() if delta}
+
+
+#: Recompile reasons a cell summary spells out; the rest are counted (all are in ``stats()``).
+SUMMARY_REASONS = 2
+
+
+def _first_reasons(reasons: list[str]) -> str | None:
+    shown = "; ".join(reasons[:SUMMARY_REASONS])
+    more = len(reasons) - SUMMARY_REASONS
+    return f"{shown} (and {more} more)" if more > 0 else shown or None
 
 
 def _warn_fallbacks(counters: dict[str, float]) -> None:

@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+from tpunb.recompiles import STORM_RECOMPILES
+
 SETUP = """
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
@@ -95,3 +97,38 @@ def test_a_recompile_names_the_input_that_changed(kernel):
     assert kernel.value("tpunb.stats()['compiled'][-1]['recompile_reasons']") == [
         "batch.shape[0] changed 64 → 17"
     ]
+
+
+STORM_SETUP = """
+x = torch.randn(64)
+class TrainState:
+    step = 0
+state = TrainState()
+def scaled(x):
+    return x * 2 if state.step == 1 else x + state.step  # a branch on a counter that changes every step
+"""
+STORM = """%%tpu_mode compile
+totals = []
+for i in range(12):
+    state.step += 1
+    totals.append(float(scaled(x).sum()))  # float(): a graph break, so scaled is a frame of its own
+"""
+
+
+def test_a_recompile_storm_in_a_called_frame_is_stopped_and_named(kernel):
+    """Every step changes a value a called function's compiled code is guarded on: Dynamo
+    would recompile it at every step (up to its limit of 8); tpunb stops it after a few."""
+    assert kernel.run(STORM_SETUP).error is None
+    result = kernel.run(STORM)
+    assert result.error is None, result.error
+    assert kernel.value("totals") == kernel.value(
+        "[float((x * 2 if s == 1 else x + s).sum()) for s in range(1, 13)]"
+    )
+    storm = kernel.value("tpunb.stats()['compiled'][-1]['storm']")
+    assert storm.startswith("scaled (") and "kept recompiling" in storm and "state.step == 1" in storm, storm
+    graphs = kernel.value("tpunb.stats()['compiled'][-1]['graphs']")
+    assert graphs <= STORM_RECOMPILES + 2, graphs  # the cell's, scaled's first and its recompiles (not 8)
+    assert "[tpunb] recompile storm stopped: scaled (" in result.stdout, result.stdout
+    assert "model = tpunb.compile(model)" in result.stdout
+    # stopped for that cell only: Dynamo's recompile limit is its default again
+    assert kernel.value("torch._dynamo.config.recompile_limit") == 8
