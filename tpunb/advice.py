@@ -14,26 +14,31 @@ from tpunb.events import FusionGroup
 
 #: Say nothing about cells whose groups recorded for less than this in all.
 NOTICEABLE_MS = 5.0
+#: How much slower than its ops run one by one a cell's groups must be before tpunb says so.
+SLOWER_BY = 1.2
 
 
 def fused_slower(groups: Sequence[FusionGroup]) -> str | None:
-    """Why fused was slower than plain PyTorch for these groups, or None.
+    """Why fused was slower than plain PyTorch for this cell's groups, or None.
 
-    Compared over the compiled groups (hits) whose ops were also seen running one by one
-    (their first sighting replays them: about what strict mode costs): recording plus the
-    compiled run against that replay.
+    Measured, not guessed: each group's ops ran one by one once (its first sighting replays
+    them: what strict mode costs, ``eager_ms``); over every group of the cell that has that
+    figure, recording plus running (compiled or op by op) is set against it. Only strict is
+    recommended, because only strict was measured; compile mode is left to a measurement.
     """
-    judged = [g for g in groups if g.status == "hit" and g.eager_ms is not None]
+    judged = [g for g in groups if g.eager_ms is not None]
     if not judged:
         return None
     capture = sum(g.capture_ms for g in judged)
     run = sum(g.run_ms for g in judged)
     eager = sum(g.eager_ms for g in judged if g.eager_ms is not None)
-    if capture < NOTICEABLE_MS or capture + run <= eager:
+    if capture < NOTICEABLE_MS or capture + run <= eager * SLOWER_BY:
         return None
-    per = len(judged)
-    ops = round(sum(g.ops for g in judged) / per)
+    count = f"{len(judged)} group{'s' if len(judged) != 1 else ''}"
+    ops = sum(g.ops for g in judged)
     return (
-        f"fused is slower here: {capture / per:.1f} ms capturing and {run / per:.1f} ms running "
-        f"{ops} small ops per group vs {eager / per:.1f} ms to run them one by one; try %tpu_mode compile"
+        f"fused is slower here: {count} spent {capture:.1f} ms recording {ops} ops and "
+        f"{run:.1f} ms running them; one by one, as strict mode runs them, they took {eager:.1f} ms. "
+        "Run this cell in strict mode (%%tpu_mode strict), or measure compile mode first "
+        "(%%tpu_profile --mode compile)"
     )

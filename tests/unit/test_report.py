@@ -53,12 +53,13 @@ def group(status: str, capture_ms: float, run_ms: float, eager_ms: float | None,
     )
 
 
-def test_fused_says_once_when_capturing_costs_more_than_running_the_ops():
+def test_fused_says_once_for_the_cell_when_recording_costs_more_than_running_the_ops():
     steps = [group("eager", 20.0, 6.0, 6.0)] + [group("hit", 21.0, 2.0, 6.0) for _ in range(9)]
     note = fused_slower(steps)
     assert note == (
-        "fused is slower here: 21.0 ms capturing and 2.0 ms running 760 small ops per group vs 6.0 ms "
-        "to run them one by one; try %tpu_mode compile"
+        "fused is slower here: 10 groups spent 209.0 ms recording 7600 ops and 24.0 ms running them; "
+        "one by one, as strict mode runs them, they took 60.0 ms. Run this cell in strict mode "
+        "(%%tpu_mode strict), or measure compile mode first (%%tpu_profile --mode compile)"
     )
     line = cell_summary(run(mode="fused", groups=10, cache_hits=9, cache_misses=1, slower=note))
     assert line.splitlines() == [
@@ -67,11 +68,16 @@ def test_fused_says_once_when_capturing_costs_more_than_running_the_ops():
     ]
 
 
+def test_groups_that_ran_op_by_op_count_too_so_a_cold_cell_says_so():
+    note = fused_slower([group("eager", 21.0, 6.0, 6.0), group("miss", 21.0, 6.0, 6.0)])
+    assert note is not None and note.startswith("fused is slower here: 2 groups spent 42.0 ms recording")
+
+
 def test_fused_that_pays_or_has_nothing_to_compare_says_nothing():
     assert fused_slower([group("hit", 2.0, 30.0, 400.0) for _ in range(5)]) is None  # pays
     assert fused_slower([group("hit", 21.0, 2.0, None) for _ in range(5)]) is None  # never replayed
-    assert fused_slower([group("eager", 21.0, 6.0, 6.0)]) is None  # not compiled yet
     assert fused_slower([group("hit", 0.5, 0.1, 0.2, ops=5)]) is None  # too small to notice
+    assert fused_slower([group("hit", 5.0, 6.0, 10.0)]) is None  # within SLOWER_BY of op by op
 
 
 def test_a_reduced_precision_cell_names_its_precision_and_a_strict_one_no_groups():
