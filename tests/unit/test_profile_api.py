@@ -66,6 +66,30 @@ def test_a_fused_block_s_reads_are_the_engine_s_flushes(tmp_path):
     assert len(report.groups) == 3 and all(g["wait"] for g in report.groups)
 
 
+def test_a_fused_loop_whose_groups_compile_in_the_background_blames_the_compile(tmp_path):
+    """The block waits at its end for the compiles it started: that time is attributed, the
+    finding that ranks first is the compile, and the parts add up to the block's time."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(WIDTH, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, WIDTH), torch.randint(0, 10, (64,))
+    tpunb.adopt(model, optimizer)
+    with tpunb.profile(mode="fused", trace=tmp_path) as report:
+        for _ in range(6):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            loss.item()
+    assert report.findings[0]["kind"] == "compile_time", report.findings
+    split = report.time_split
+    assert split["waiting for background compiles"] > 0.5 * report.wall_s, split
+    parts = sum(s for part, s in split.items() if part != "compiling on the worker (overlapped)")
+    assert parts == pytest.approx(report.wall_s, rel=0.02), split
+    assert any(row["compile_ms"] for row in report.groups)  # on the row of the group that compiled
+    assert "Where the time went" in report.text()
+
+
 def test_a_block_that_raises_keeps_its_report_and_the_error_goes_on(tmp_path):
     with pytest.raises(ZeroDivisionError), tpunb.profile(mode="fused", trace=tmp_path) as report:
         torch.ones(WIDTH, WIDTH).sum().item()

@@ -130,7 +130,7 @@ def profile(
                 finally:
                     runtime.run_pending()  # the block's last group runs in the profile
                     runtime.synchronize()
-                    _wait_for_compiles(runtime)
+                    report.time_split[COMPILE_WAIT] = _wait_for_compiles(runtime)
     except BaseException as raised:
         error = raised
         raise
@@ -148,10 +148,10 @@ def profile(
         _last = report
 
 
-def _wait_for_compiles(runtime: Runtime) -> None:
+def _wait_for_compiles(runtime: Runtime) -> float:
     """Let the compiles the block started finish: their time is the block's, and a
-    recompile's cost is mostly its compile."""
-    runtime.wait_for_background_compiles()
+    recompile's cost is mostly its compile. The seconds waited."""
+    return runtime.wait_for_background_compiles()
 
 
 def _fill(
@@ -180,7 +180,8 @@ def _fill(
     report.wall_s, report.counters, report.spans, report.waits = wall_s, counters, spans, waits
     report.error = type(error).__name__ if error is not None else None
     report.top_ops = torch_trace.top_ops(top)
-    report.groups = [g.as_dict() for g in groups] + [_compiled_row(run) for run in compiled_runs]
+    report.groups = _with_compile_times([g.as_dict() for g in groups], compiles)
+    report.groups += [_compiled_row(run) for run in compiled_runs]
     seen = Observed(
         wall_s=wall_s,
         groups=groups,
@@ -190,11 +191,49 @@ def _fill(
         counters=counters,
         memory=runtime.memory(),
         op_seconds=torch_trace.op_seconds(),
+        compile_wait_s=report.time_split.get(COMPILE_WAIT, 0.0),
     )
     report.findings = [finding.as_dict() for finding in findings(seen)]
+    report.time_split = time_split(
+        wall_s, groups, compiles, compiled_runs, report.time_split.get(COMPILE_WAIT, 0.0)
+    )
     path = stem.with_suffix(".json")
     report.trace_path = str(torch_trace.export(path, [s for s in spans if s.lane != "device"]))
     report.done = True
+
+
+#: The parts of a block's time, in the order a report lists them.
+RECORDING, RUNNING, COMPILED_RUNS, COMPILE_WAIT, OTHER = (
+    "recording ops (fused)",
+    "running groups",
+    "compile-mode runs",
+    "waiting for background compiles",
+    "the rest (Python, eager ops, host waits outside groups)",
+)
+#: Beside the split, not in it: the worker's compile time, overlapped with the block.
+BACKGROUND = "compiling on the worker (overlapped)"
+
+
+def time_split(
+    wall_s: float,
+    groups: list[FusionGroup],
+    compiles: list[CompileDone],
+    runs: list[CompiledCell],
+    compile_wait_s: float,
+) -> dict[str, float]:
+    """Where the block's seconds went, on the notebook's thread: parts that do not overlap,
+    the rest whatever they leave, so they add up to the block's time; and, beside them, what
+    the compile worker spent meanwhile."""
+    waited_in_runs = sum(r.waited_ms for r in runs) / 1000
+    parts = {
+        RECORDING: sum(g.capture_ms for g in groups) / 1000,
+        RUNNING: sum(g.run_ms for g in groups) / 1000,
+        COMPILED_RUNS: sum(r.wall_ms for r in runs) / 1000 - waited_in_runs,
+        COMPILE_WAIT: compile_wait_s + waited_in_runs,
+    }
+    parts[OTHER] = max(0.0, wall_s - sum(parts.values()))
+    parts[BACKGROUND] = sum(done.compile_ms for done in compiles) / 1000
+    return {part: seconds for part, seconds in parts.items() if seconds > 0}
 
 
 def _group_spans(
@@ -231,6 +270,19 @@ def _group_spans(
 
 def _wait_spans(waits: list[Wait], origin: float) -> list[Span]:
     return [Span("host", f"wait {w.what}", w.ended - origin - w.seconds, w.seconds, w.at) for w in waits]
+
+
+def _with_compile_times(rows: list[dict], compiles: list[CompileDone]) -> list[dict]:
+    """Each background compile's time on the row of the group that started it (the first of
+    its key not yet a hit): a group record is published before its compile ends."""
+    for done in compiles:
+        row = next(
+            (r for r in rows if r["key"] == done.key and r["status"] != "hit" and r["compile_ms"] is None),
+            None,
+        )
+        if row is not None:
+            row["compile_ms"] = done.compile_ms
+    return rows
 
 
 def _compiled_row(run: CompiledCell) -> dict:

@@ -71,6 +71,7 @@ class Observed:
     counters: dict[str, float]  # runtime counters that moved
     memory: MemoryInfo | None
     op_seconds: dict[str, float]  # host self time per op name, from the profiler
+    compile_wait_s: float = 0.0  # waited at the block's end for compiles running in the background
 
 
 def findings(seen: Observed) -> list[Finding]:
@@ -102,18 +103,21 @@ def _compile_seconds(seen: Observed) -> dict[str, float]:
     return by_key
 
 
-def recompiles(seen: Observed) -> list[Finding]:
+def _shape_storms(seen: Observed) -> dict[tuple[str, int], list[FusionGroup]]:
     """New shapes of one step: misses of groups that start at the same line with as many ops
-    (a training loop's first step, which also creates the optimizer's state, is another group)."""
-    compile_s = _compile_seconds(seen)
+    (a training loop's first step, which also creates the optimizer's state, is another
+    group), where there were at least ``REPEATED_SHAPES`` of them."""
     by_step: dict[tuple[str, int], list[FusionGroup]] = defaultdict(list)
     for group in seen.groups:
         if group.miss_reason is not None and group.status != "hit":
             by_step[(group.source, group.ops)].append(group)
+    return {step: groups for step, groups in by_step.items() if len(groups) >= REPEATED_SHAPES}
+
+
+def recompiles(seen: Observed) -> list[Finding]:
+    compile_s = _compile_seconds(seen)
     found = []
-    for (line, _), groups in by_step.items():
-        if len(groups) < REPEATED_SHAPES:
-            continue
+    for (line, _), groups in _shape_storms(seen).items():
         seconds = sum(g.run_ms / 1000 + compile_s.get(g.key, 0.0) for g in groups)
         found.append(
             Finding(
@@ -211,19 +215,26 @@ def cpu_fallbacks(seen: Observed) -> list[Finding]:
 
 
 def compile_time(seen: Observed) -> list[Finding]:
+    """Compiles that cost more than what they compiled then ran for: first compiles, and
+    recompiles that are not a storm of new shapes (``recompiles`` has those), such as a
+    step's second compile once its varying floats are lifted. Background compiles count:
+    their time is the worker's, and the block waited for them at its end."""
     compile_s = _compile_seconds(seen)
-    recompiled = {g.key for g in seen.groups if g.miss_reason is not None}
-    firsts = [seconds for key, seconds in compile_s.items() if key not in recompiled]
+    stormed = {g.key for groups in _shape_storms(seen).values() for g in groups}
+    firsts = [seconds for key, seconds in compile_s.items() if key not in stormed]
     first = sum(firsts)
     ran = sum(g.run_ms for g in seen.groups if g.status == "hit") / 1000
     if first <= ran or first < COMPILE_SHARE * seen.wall_s:
         return []
+    waited = (
+        f"; the block waited {seen.compile_wait_s:.2f} s for them at its end" if seen.compile_wait_s else ""
+    )
     return [
         Finding(
             kind="compile_time",
             message=f"compiling took {first:.2f} s, more than the compiled groups then ran for ({ran:.3f} s)",
             seconds=first - ran,
-            evidence=f"{len(firsts)} first compile(s) in this block; each later run of the same step "
+            evidence=f"{len(firsts)} compile(s) in this block{waited}; each later run of the same step "
             "hits the cache and costs only its run time",
             fix="for a cell that runs once, strict mode is faster; in a loop or a re-run cell this pays back "
             "(keep fused, and set a persistent cache with %tpu_cache DIR)",

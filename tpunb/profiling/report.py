@@ -32,6 +32,7 @@ class Profile:
     trace_path: str | None = None  # Chrome trace JSON: torch.profiler's events and tpunb's phases
     device_trace: str | None = None  # the runtime's own profiler's directory (PyTorch/XLA)
     spans: list[Span] = field(default_factory=list)
+    time_split: dict[str, float] = field(default_factory=dict)  # seconds by part (collect.time_split)
     error: str | None = None
     done: bool = False
 
@@ -54,6 +55,8 @@ class Profile:
             f"     evidence: {f['evidence']}\n     fix: {f['fix']}"
             for i, f in enumerate(self.findings, 1)
         ] or ["  nothing stands out"]
+        if self.time_split:
+            lines += ["", "Where the time went", _table(self._split_rows(), SPLIT_COLUMNS)]
         lines += [
             "",
             "Top ops (self time)",
@@ -76,6 +79,11 @@ class Profile:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(self.text())
+
+    def _split_rows(self) -> list[tuple]:
+        """The block's time by part, with each part's share of it (the overlapped worker's too)."""
+        wall = self.wall_s or 1.0
+        return [(part, f"{s * 1000:.1f}", f"{s / wall:.0%}") for part, s in self.time_split.items()]
 
     def _op_rows(self) -> list[tuple]:
         return [
@@ -126,6 +134,8 @@ class Profile:
             parts.append(f"<p>Findings</p><ol>{items}</ol>")
         else:
             parts.append("<p>Findings: nothing stands out</p>")
+        if self.time_split:
+            parts.append(_html_table("Where the time went", SPLIT_COLUMNS, self._split_rows()))
         parts.append(
             _html_table(
                 "Top ops (self time)", ("op", "calls", "host ms", "device ms", "shapes"), self._op_rows()
@@ -165,6 +175,7 @@ class Profile:
 
 GROUP_COLUMNS = ("group", "ops", "status", "capture ms", "compile ms", "run ms", "trigger")
 WAIT_COLUMNS = ("line", "what", "count", "total ms")
+SPLIT_COLUMNS = ("part", "ms", "of the block")
 
 
 def _ms(value: float | None) -> str:
