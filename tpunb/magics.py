@@ -77,6 +77,12 @@ class TpuMagics(Magics):
         help="fused mode: compile a new group before running it (default: run it op by op "
         "while a background thread compiles it).",
     )
+    @argument(
+        "--hot-training",
+        action="store_true",
+        help="fused mode: compile a module trained again and again whole, forward and backward, "
+        "and run the loop around it as eager PyTorch (default: record its calls).",
+    )
     @line_cell_magic
     def tpu_mode(self, line: str, cell: str | None = None) -> Any:
         """Show or set the execution mode.
@@ -103,7 +109,11 @@ class TpuMagics(Magics):
             return None
         try:
             config = ModeConfig.build(
-                args.mode, allow_nan=args.allow_nan, allow_inf=args.allow_inf, sync_compile=args.sync_compile
+                args.mode,
+                allow_nan=args.allow_nan,
+                allow_inf=args.allow_inf,
+                sync_compile=args.sync_compile,
+                hot_training=args.hot_training,
             )
             if cell is None:
                 previous = self.session.default.describe()

@@ -22,9 +22,12 @@ from typing import Protocol
 
 from benchmarks.workloads.catalog import Workload
 
-#: The modes a workload runs in, in order; "fused" runs cold, then "fused-warm". Compile mode
-#: before fused: a compile cell first waits for fused groups still compiling in the background.
-MODES = ("strict", "compile", "fused", "fused-warm", "debug")
+#: The modes a workload runs in, in order; "fused" runs cold, then "fused-warm"; "fused-hot" is
+#: fused mode with hot training calls (``--hot-training``). Compile mode before fused: a compile
+#: cell first waits for fused groups still compiling in the background.
+MODES = ("strict", "compile", "fused", "fused-warm", "fused-hot", "debug")
+#: The cell magic's arguments for each mode.
+MAGIC = {"fused-warm": "fused", "fused-hot": "fused --hot-training"}
 PRECISIONS = ("fp32", "bf16")
 #: Loss tolerance against strict, per precision (relative, absolute): fp32 differs only in the
 #: order of floating-point sums (compiled kernels); bf16 keeps 8 bits of mantissa, and a
@@ -132,7 +135,7 @@ def _one_run(kernel: Cells, workload: Workload, mode: str, precision: str, steps
     _cell(kernel, "%tpu_precision fp32")
     _cell(kernel, f"_wl_losses.clear(); _wl_stamps.clear()\nSTEPS = {steps}\n{workload.setup}")
     _cell(kernel, f"%tpu_precision {precision}")
-    cell_mode = mode.removesuffix("-warm")
+    cell_mode = MAGIC.get(mode, mode)
     body = f"_wl_started = _time.perf_counter()\n{workload.train}"
     result = kernel.run(f"%%tpu_mode {cell_mode}\n{body}", timeout=1800)
     error = getattr(result, "error", None)

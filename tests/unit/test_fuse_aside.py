@@ -93,12 +93,25 @@ def test_an_op_on_a_tpunb_wrapper_goes_to_the_engine(hot_scope):
     assert torch.equal(doubled.materialized(), adopted.weight.materialized() * 2)
 
 
-def test_an_optimizer_step_brings_the_mode_back(hot_scope):
+def test_an_optimizer_step_over_adopted_tensors_brings_the_mode_back(hot_scope):
     engine = hot_scope.engine
     weight = torch.nn.Parameter(torch.randn(WIDTH, WIDTH))
     weight.grad = torch.ones_like(weight)
+    engine.adopt(weight)
     torch.optim.SGD([weight], lr=0.1).step()
     assert engine_mode_on_top(engine)
+
+
+def test_an_optimizer_step_over_plain_parameters_runs_as_eager_pytorch(hot_scope):
+    """A hot training call's module has plain parameters, and autograd gave them plain
+    gradients: the update runs as strict would, and the mode stays aside."""
+    engine = hot_scope.engine
+    weight = torch.nn.Parameter(torch.randn(WIDTH, WIDTH))
+    expected = weight.detach() - 0.1
+    weight.grad = torch.ones_like(weight)
+    torch.optim.SGD([weight], lr=0.1).step()
+    assert engine.modes.stepped_aside and type(weight) is torch.nn.Parameter
+    assert torch.equal(weight.detach(), expected)
 
 
 @pytest.mark.parametrize("raises", [False, True])

@@ -102,19 +102,30 @@ def small_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
-def test_calls_with_grad_or_in_train_mode_stay_recorded():
+def test_calls_in_the_mixed_regimes_stay_recorded():
+    """Grad in eval mode (a frozen-statistics fine-tune) and no grad in train mode (batch
+    norm statistics without a backward) are neither regime a hot call compiles for."""
     model = small_model()
     engine = FusionEngine(torch.device("cpu"))
     x = torch.randn(2, 8)
     with engine.scope(BACKGROUND, adopt=(model,)):
-        for _ in range(HOT_AFTER + 2):
-            model(x).sum().backward()  # autograd: recorded, so backward fuses with it
-        model.train()
         with torch.no_grad():
             for _ in range(HOT_AFTER + 2):
-                model(x)  # train mode (dropout, batch norm statistics): recorded
+                model(x)  # train mode without grad: recorded
+        model.eval()
+        for _ in range(HOT_AFTER + 2):
+            model(x).sum().backward()  # grad in eval mode: recorded
     assert model._compiled_call_impl is None
     assert engine.counts["recorded"] + engine.counts["followed"] > 0
+
+
+def test_with_hot_training_off_training_calls_stay_recorded():
+    model = small_model()
+    engine = FusionEngine(torch.device("cpu"))
+    with engine.scope(FuseOptions(hot_training=False), adopt=(model,)):
+        for _ in range(HOT_AFTER + 2):
+            model(torch.randn(2, 8)).sum().backward()  # recorded, so backward fuses with it
+    assert model._compiled_call_impl is None
 
 
 def test_only_outermost_calls_count():
@@ -127,7 +138,12 @@ def test_only_outermost_calls_count():
     assert all(layer._compiled_call_impl is None for layer in model)  # called inside it only
 
 
-def test_a_hot_module_releases_its_tensors_and_is_adopted_again_for_training():
+@pytest.mark.parametrize("hot_training", [True, False])
+def test_a_hot_module_releases_its_tensors_and_trains_after_evaluating(hot_training):
+    """Evaluated until hot, then trained: compiled whole for training too (its parameters stay
+    plain and the optimizer steps them as eager PyTorch), or, with hot training off, recorded
+    (reading the parameters as they are where Dynamo's compiled code holds them, which
+    ``swap_tensors`` then refuses to adopt). Either way the step gives strict's weights."""
     model = small_model().eval()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     reference = copy.deepcopy(model)
@@ -135,7 +151,7 @@ def test_a_hot_module_releases_its_tensors_and_is_adopted_again_for_training():
     weight = model[0].weight
     x = torch.randn(2, 8)
     engine = FusionEngine(torch.device("cpu"))
-    with engine.scope(BACKGROUND, adopt=(model, optimizer)):
+    with engine.scope(FuseOptions(hot_training=hot_training), adopt=(model, optimizer)):
         with torch.no_grad():
             outs = [model(x) for _ in range(HOT_AFTER + 2)]
         assert type(weight) is torch.nn.Parameter and model[0].weight is weight  # released in place
@@ -143,14 +159,16 @@ def test_a_hot_module_releases_its_tensors_and_is_adopted_again_for_training():
         loss = model(x).sum()
         loss.backward()
         optimizer.step()
-    assert type(weight) is DeferredTensor  # the training step adopted it again
+    if hot_training:  # compiled whole for training too: never adopted again
+        assert type(weight) is torch.nn.Parameter
     with torch.no_grad():
         expected = reference(x)
     for out in outs:
         torch.testing.assert_close(out.materialized() if isinstance(out, DeferredTensor) else out, expected)
     reference(x).sum().backward()
     reference_optimizer.step()
-    torch.testing.assert_close(weight.materialized(), reference[0].weight)
+    trained = weight.materialized() if isinstance(weight, DeferredTensor) else weight
+    torch.testing.assert_close(trained, reference[0].weight)
 
 
 def test_outside_fused_scopes_a_hot_module_runs_its_own_call():
@@ -195,7 +213,7 @@ def test_a_module_dynamo_fails_on_is_recorded_from_then_on(monkeypatch):
     with engine.scope(BACKGROUND, adopt=(model,)), torch.no_grad():
         for _ in range(HOT_AFTER):
             model(x)
-        monkeypatch.setattr(model._compiled_call_impl, "compiled", broken)
+        monkeypatch.setattr(model._compiled_call_impl, "compiled", {"inference": broken, "training": broken})
         with pytest.warns(RuntimeWarning, match="dynamo exploded"), pytest.raises(InternalTorchDynamoError):
             model(x)
         recorded = engine.counts["recorded"] + engine.counts["followed"]

@@ -20,7 +20,7 @@ from benchmarks.hf_suite import build, loss_of
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
 
 REPLAY = FuseOptions(compile=False)
-COMPILED = FuseOptions(sync_compile=True)
+COMPILED = FuseOptions(sync_compile=True, hot_training=False)  # the recorder's groups, compiled
 STEPS = 4
 
 #: Encoders (FNet: Fourier transforms instead of attention), decoders, encoder-decoders and a

@@ -16,7 +16,9 @@ from tpunb.events import EventBus
 from tpunb.fuse import FuseOptions, FusionEngine
 from tpunb.fuse.settled import SMALL_NUMEL, TINY_OPS
 
-COMPILED = FuseOptions(sync_compile=True)
+#: The recorder's own groups, compiled: training calls are not compiled whole here
+#: (tests/unit/test_fuse_hot_training.py has those).
+COMPILED = FuseOptions(sync_compile=True, hot_training=False)
 REPLAY = FuseOptions(compile=False)
 
 
@@ -289,7 +291,7 @@ def test_groups_stay_aligned_with_steps_when_a_step_is_longer_than_a_group():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     bus = EventBus()
     engine = FusionEngine(torch.device("cpu"), bus.publish)
-    with engine.scope(FuseOptions(sync_compile=True, max_ops=40), adopt=(model, opt)):
+    with engine.scope(FuseOptions(sync_compile=True, max_ops=40, hot_training=False), adopt=(model, opt)):
         train(model, opt, data, labels, steps=8)
     groups = bus.recent("group")
     per_step = len(groups) // 8

@@ -69,18 +69,13 @@ def test_a_fused_block_s_reads_are_the_engine_s_flushes(tmp_path):
 def test_a_fused_loop_whose_groups_compile_in_the_background_blames_the_compile(tmp_path):
     """The block waits at its end for the compiles it started: that time is attributed, the
     finding that ranks first is the compile, and the parts add up to the block's time."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(WIDTH, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = torch.randn(64, WIDTH), torch.randint(0, 10, (64,))
-    tpunb.adopt(model, optimizer)
+    x = torch.randn(512, WIDTH)
     with tpunb.profile(mode="fused", trace=tmp_path) as report:
-        for _ in range(6):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            loss.item()
+        for step in range(6):
+            y = x
+            for _ in range(8):  # a chain of elementwise ops on a tensor too big for a tiny group
+                y = (y * 1.01 + 0.5).relu() - 0.25
+            y.sum().item() + step
     assert report.findings[0]["kind"] == "compile_time", report.findings
     split = report.time_split
     assert split["waiting for background compiles"] > 0.5 * report.wall_s, split

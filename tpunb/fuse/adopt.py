@@ -166,7 +166,18 @@ class Adoption:
         return sum(release_tensor(tensor) for tensor in list(tensors_of(objects)))
 
     def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.engine.modes.resume()  # its state is the engine's (aside.py)
+        engine = self.engine
+        engine.hot.turn_hot()  # the step's backward is done: no graph holds their parameters
+        if all(type(p) is not DeferredTensor for group in optimizer.param_groups for p in group["params"]):
+            # its parameters are plain: their module's calls are compiled whole (hotcalls.py),
+            # its gradients came from autograd as they are. The step runs as eager PyTorch,
+            # on plain state, outside recording (an update recorded per parameter would cost
+            # a flush per write into a plain parameter).
+            self.release((optimizer,))
+            if not engine.trace.ops:
+                engine.modes.step_aside(engine)
+            return
+        engine.modes.resume()  # its state is the engine's (aside.py)
         if optimizer not in self.optimizers:
             self._adopt_new(optimizer)
 

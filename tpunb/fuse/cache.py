@@ -155,6 +155,13 @@ class GraphCache:
         variant.state = VariantState.COMPILING
         variant.future = self._worker.submit(lambda: self._run_job(name, variant, job), wait)
 
+    def compile_here(self, name: str, variant: Variant, job: CompileJob) -> None:
+        """Run ``job`` on the calling thread: for a compile that must finish before the call
+        returns and is already inside Dynamo's compile (which holds the lock the worker takes)."""
+        self._named[name] = variant
+        variant.state = VariantState.COMPILING
+        self._run_job(name, variant, job)
+
     def _run_job(self, name: str, variant: Variant, job: CompileJob) -> None:
         started = time.perf_counter()
         try:

@@ -68,7 +68,7 @@ class DeferredTensor(torch.Tensor):
         # whose mode stepped aside between hot calls: then the op is the engine's (aside.py).
         kwargs = kwargs or {}
         engine = _first_wrapper((args, kwargs))._engine
-        if engine.modes.stepped_aside:
+        if engine.modes.stepped_aside and not _only_values((args, kwargs)):
             try:
                 return engine.dispatch(func, args, kwargs)
             finally:
@@ -134,6 +134,17 @@ def _first_wrapper(value: Any) -> DeferredTensor | None:
         if (found := _first_wrapper(item)) is not None:
             return found
     return None
+
+
+def _only_values(value: Any) -> bool:
+    """Whether every wrapper in an op's arguments is just a value: computed (by a group or at
+    once) and not adopted. Between hot calls such an op runs as eager PyTorch and the engine's
+    mode stays aside: recording it would only record the loop around the hot calls (a loss on
+    their outputs and a batch index flushed with them) op by op (aside.py)."""
+    if isinstance(value, DeferredTensor):
+        return value._pending is None and value._value is not None and not value._adopted
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return all(_only_values(item) for item in items)
 
 
 def _values(value: Any, reason: str) -> Any:

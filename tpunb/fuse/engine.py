@@ -53,6 +53,7 @@ from tpunb.fuse.cache import (
     explain_miss,
     short_hash,
 )
+from tpunb.fuse.compile_later import donated_buffers_off
 from tpunb.fuse.deferred import DeferredTensor, same_objects, written_argument
 from tpunb.fuse.errors import (
     FusedOpError,
@@ -85,6 +86,9 @@ MAX_OPS = 1000
 class FuseOptions:
     sync_compile: bool = False  # compile on the first sighting, and wait (benchmarks, tests)
     compile: bool = True  # False: every group replays op by op (isolates recording from Inductor)
+    # a module trained again and again is compiled whole, forward and backward (hotcalls.py);
+    # off by default until the tutorials' recorder demonstrations follow it
+    hot_training: bool = False
     max_ops: int = MAX_OPS
 
 
@@ -132,8 +136,14 @@ class FusionEngine:
         previous, self.options = self.options, options
         with self.interrupts.installed():
             try:
+                self.hot.turn_hot()
                 self.adopt(*adopt)
-                with self.adoption.active(), self.hot.hooks.installed(), self.modes.entered(FuseMode(self)):
+                with (
+                    self.adoption.active(),
+                    self.hot.hooks.installed(),
+                    donated_buffers_off(),
+                    self.modes.entered(FuseMode(self)),
+                ):
                     yield
             finally:
                 try:

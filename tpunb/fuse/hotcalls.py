@@ -52,6 +52,7 @@ it: a miss when Dynamo compiled a graph during the call, a hit otherwise.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 import warnings
 import weakref
@@ -63,6 +64,7 @@ from torch.utils._python_dispatch import _disable_current_modes, _get_current_di
 
 from tpunb.events import FusionGroup
 from tpunb.fuse.adopt import release_tensor
+from tpunb.fuse.compile_later import CompileLater
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.graph import inductor_compile
 from tpunb.fuse.settled import mark
@@ -135,6 +137,7 @@ class HotCalls:
         self.hooks = ModuleCallHooks(self._before, self._after)
         self._depth = 0
         self._calls: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+        self._turning: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         #: inside an outermost call of a module that is compiled whole from its next call or
         #: soon: what is recorded now will not be recorded again (engine.py: not compiled)
         self.warming = False
@@ -146,9 +149,29 @@ class HotCalls:
             calls = self._calls.get(module, 0) + 1
             self._calls[module] = calls
             self.warming = self.engine.trace.warming = True
-            if calls >= HOT_AFTER:
+            if calls >= HOT_AFTER and regime(module) == TRAINING:
+                self._turning.add(module)  # at the next optimizer step: turn_hot
+            elif calls >= HOT_AFTER:
                 module._compiled_call_impl = HotCall(self.engine, module)
         self._depth += 1
+
+    def turn_hot(self) -> None:
+        """Make the modules that became hot for training hot calls, now that no autograd graph
+        uses their adopted parameters: called before an optimizer steps (the step's backward
+        is done) and when a fused scope starts. Not at once: the first hot call releases the
+        parameters (``swap_tensors``), which poisons a graph still holding them (a module
+        called twice in a step, its first call recorded: "AccumulateGrad node that was
+        poisoned by swap_tensors"). What is pending runs first: the parameters and their
+        gradients (a recorded backward's) must have values to be released with."""
+        if not self._turning:
+            return
+        if self.engine.trace.ops:
+            self.engine.flush("a module turning hot")
+        for module in list(self._turning):
+            if module._compiled_call_impl is None:
+                module._compiled_call_impl = HotCall(self.engine, module)
+                self.engine.adoption.release((module,))
+        self._turning.clear()
 
     def _after(self, module: torch.nn.Module) -> None:
         self._depth = max(0, self._depth - 1)
@@ -161,13 +184,29 @@ class HotCalls:
         self._calls[module] = REFUSED
 
     def _eligible(self, module: torch.nn.Module) -> bool:
+        now = regime(module)
         return (
             self.engine.options.compile
-            and not torch.is_grad_enabled()
-            and not module.training
+            and (now == INFERENCE or (now == TRAINING and self.engine.options.hot_training))
             and module._compiled_call_impl is None  # not compiled already (by us or nn.Module.compile)
             and self._calls.get(module) != REFUSED
         )
+
+
+#: A hot call's two regimes: generation and evaluation, and a training step's forward.
+INFERENCE, TRAINING = "inference", "training"
+
+
+def regime(module: torch.nn.Module) -> str | None:
+    """Which hot regime a call of ``module`` is in now: no grad in eval mode (inference), grad
+    in train mode (training); None for the mixes (a frozen-statistics fine-tune, say), which
+    stay recorded."""
+    grad = torch.is_grad_enabled()
+    if not grad and not module.training:
+        return INFERENCE
+    if grad and module.training:
+        return TRAINING
+    return None
 
 
 class HotCall:
@@ -178,27 +217,39 @@ class HotCall:
         self.engine = engine
         self.module_ref = weakref.ref(module)
         self.name = type(module).__name__
-        self.compiled = torch.compile(module._call_impl, backend=inductor_or_eager)
+        self.later = CompileLater(engine.cache, f"{self.name}-training", lambda: engine.options.sync_compile)
+        self.compiled = {
+            INFERENCE: torch.compile(calling(module._call_impl), backend=inductor_or_eager),
+            # static shapes: the worker compiles after Dynamo has installed its guards, so
+            # the compile must not add shape guards of its own
+            TRAINING: torch.compile(calling(module._call_impl), backend=self.later, dynamic=False),
+        }
         self.tensors = [*module.parameters(), *module.buffers()]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module_ref()  # alive: it is the module being called
         mode = _get_current_dispatch_mode()
+        now = regime(module)
+        options = self.engine.options
         if (
-            module.training
-            or torch.is_grad_enabled()
+            now is None
             or (getattr(mode, "engine", None) is not self.engine and not self.engine.modes.stepped_aside)
-            or not self.engine.options.compile
+            or not options.compile
+            or (now == TRAINING and not options.hot_training)
         ):
             return module._call_impl(*args, **kwargs)
-        return self._run_compiled(module, args, kwargs)
+        return self._run_compiled(module, args, kwargs, now)
 
-    def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
-        from torch._dynamo.exc import InternalTorchDynamoError
+    def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: str) -> Any:
+        from torch._dynamo.exc import InternalTorchDynamoError, TorchRuntimeError
         from torch._dynamo.utils import counters
 
         engine = self.engine
         started = time.perf_counter()
+        # what was recorded before the call (a batch picked, moved) is not compiled: from now on
+        # the loop around hot calls runs as eager PyTorch (aside.py), so it will not come back,
+        # and its compile would hold the compile lock Dynamo needs for this call's capture
+        engine.trace.warming = True
         engine.flush(f"{self.name} call (compiled whole)")
         with engine.interrupts, _disable_current_modes():
             if any(type(t) is DeferredTensor for t in self.tensors):
@@ -209,7 +260,11 @@ class HotCall:
         graphs = counters["stats"]["unique_graphs"]
         with engine.hot.hooks.lifted(), _disable_current_modes():
             try:
-                out = self.compiled(*args, **kwargs)
+                out = self.compiled[now](*args, **kwargs)
+            except TorchRuntimeError:
+                # the user's own error, met while Dynamo traced (a shape that does not fit):
+                # the call as it is raises the real exception, at the user's line
+                return module._call_impl(*args, **kwargs)
             except InternalTorchDynamoError as error:
                 engine.hot.refuse(module)  # recorded from the next call on
                 warnings.warn(
@@ -221,31 +276,97 @@ class HotCall:
                 raise
         compiled = counters["stats"]["unique_graphs"] - graphs
         engine.cache.count_whole_call(compiled, (time.perf_counter() - started) * 1000 if compiled else 0.0)
-        self._publish(started, compiled)
+        self._publish(started, compiled, now)
         if engine.hot._depth == 0 and not engine.trace.ops:
             engine.modes.step_aside(engine)  # the loop around it runs as eager PyTorch: aside.py
+        if now == TRAINING:
+            plain_gradients(engine, out)
         return mark(out)  # and if it is recorded again, it works on these: settled.py
 
-    def _publish(self, started: float, compiled: int) -> None:
+    def _why(self, compiled: int, now: str) -> str:
+        """What made Dynamo compile: its last failed guard on this call's code, in words (a
+        shape that changed, a flag), or that it was the first call."""
+        from torch._dynamo.utils import guard_failures
+
+        from tpunb.cellcompile import explain_guard
+
+        code = getattr(self.compiled[now], "__wrapped__", None)
+        failed = guard_failures.get(getattr(code, "__code__", None), [])
+        reason = explain_guard(failed[-1]) if failed else "its first call compiled"
+        return f"Dynamo compiled {compiled} graph(s): {reason}"
+
+    def _publish(self, started: float, compiled: int, now: str) -> None:
         publish = self.engine._publish
         if publish is None:
             return
         run_ms = (time.perf_counter() - started) * 1000
+        training = now == TRAINING
+        kind = "training" if training else "no-grad"
+        status = "miss" if compiled else "compiling" if training and self.later.compiling else "hit"
         publish(
             FusionGroup(
-                key=f"{self.name}-whole",
+                key=f"{self.name}-{'training' if training else 'whole'}",
                 ops=0,
                 top_ops={},
                 input_shapes=[],
-                trigger=f"{self.name} call, compiled whole (a hot no-grad call)",
+                trigger=f"{self.name} call, compiled whole (a hot {kind} call)",
                 source=f"{self.name}.forward",
-                status="miss" if compiled else "hit",
-                compile_ms=run_ms if compiled else None,
+                status=status,
+                compile_ms=run_ms if compiled and not training else None,
                 run_ms=run_ms,
                 lifted=0,
-                miss_reason=f"Dynamo compiled {compiled} graph(s)" if compiled else None,
+                miss_reason=self._why(compiled, now) if compiled else None,
             )
         )
+
+
+def calling(call_impl: Callable[..., Any]) -> Callable[..., Any]:
+    """A frame of tpunb's around a module's ``_call_impl``, for Dynamo to start from, with a
+    code object of its own.
+
+    A compiled ``_call_impl`` itself is a frame of ``torch.nn``, which Dynamo skips, so a model
+    made of ``torch.nn``'s own modules (an ``nn.Sequential`` of layers) was never compiled;
+    from this frame Dynamo inlines ``_call_impl``, the module's forward and its submodules.
+    And Dynamo keeps at most ``recompile_limit`` (8) compiled versions per code object: with
+    one code object for every hot module, a notebook that built its model a ninth time (a
+    set-up cell run again) would run it uncompiled from then on."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return call_impl(*args, **kwargs)
+
+    name = f"hot_call_{next(_CALL_NUMBERS)}"
+    call.__code__ = call.__code__.replace(co_name=name, co_qualname=name)
+    return call
+
+
+_CALL_NUMBERS = itertools.count(1)
+
+
+def plain_gradients(engine: FusionEngine, out: Any) -> None:
+    """The gradients reaching a hot training call's backward are plain tensors: its compiled
+    backward reads memory directly, and a loss recorded by the engine from its outputs would
+    send it the engine's wrappers. A hook on each output that needs a gradient materializes
+    what arrives (a plain gradient passes untouched)."""
+    for tensor in _tensors_in(out):
+        if tensor.requires_grad:
+            tensor.register_hook(
+                lambda grad: (
+                    engine.materialize(grad, "a hot call's gradient")
+                    if type(grad) is DeferredTensor
+                    else grad
+                )
+            )
+
+
+def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_in(item)
+    elif isinstance(value, dict) or (hasattr(value, "values") and callable(value.values)):
+        for item in value.values():
+            yield from _tensors_in(item)
 
 
 def inductor_or_eager(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:

@@ -73,7 +73,7 @@ class NativeRuntime:
             with checks:
                 yield
         elif config.mode is Mode.FUSED:
-            options = FuseOptions(sync_compile=config.sync_compile)
+            options = FuseOptions(sync_compile=config.sync_compile, hot_training=config.hot_training)
             with self.engine.scope(options, adopt=notebook_objects()):
                 yield
         else:

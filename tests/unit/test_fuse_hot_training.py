@@ -1,0 +1,275 @@
+"""Hot training calls (fuse/hotcalls.py, fuse/compile_later.py): a module trained again and
+again in a fused scope is compiled whole, forward and backward, and gives strict's answers.
+
+Each case runs the same steps in strict mode and in a fused scope, from the same weights and
+generator state, and compares every step's loss, the generator's state before every step (the
+random stream), and every parameter and buffer at the end. SGD with momentum, not Adam: Adam
+scales each gradient by its own running size, so a parameter whose true gradient is zero (a
+bias before batch norm) takes learning-rate-sized steps on rounding noise, in strict mode
+too, and the comparison would measure that noise. Compiles are synchronous here
+(``sync_compile``) so the compiled code runs from the first hot call on; one test lets them
+compile in the background, as a notebook does, and swaps mid-loop.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from tpunb.events import EventBus
+from tpunb.fuse import FuseOptions, FusionEngine
+from tpunb.fuse.hotcalls import HOT_AFTER, HotCall
+
+STEPS = HOT_AFTER + 4
+SYNC = FuseOptions(sync_compile=True, hot_training=True)
+
+
+class Net(torch.nn.Module):
+    """A small classifier with the parts a case turns on: dropout, batch norm, checkpointing."""
+
+    def __init__(self, dropout: float = 0.0, batch_norm: bool = False, checkpointed: bool = False) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(16, 32)
+        self.norm = torch.nn.BatchNorm1d(32) if batch_norm else torch.nn.Identity()
+        self.drop = torch.nn.Dropout(dropout)
+        self.out = torch.nn.Linear(32, 4)
+        self.checkpointed = checkpointed
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(torch.relu(self.norm(self.inp(x))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = checkpoint(self.body, x, use_reentrant=False) if self.checkpointed else self.body(x)
+        return self.out(hidden)
+
+
+DATA = torch.randn(256, 16, generator=torch.Generator().manual_seed(3))
+LABELS = torch.randint(0, 4, (256,), generator=torch.Generator().manual_seed(4))
+
+
+def batch(size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random batch: indices drawn from the default generator, as a shuffled loader does."""
+    index = torch.randint(0, len(DATA), (size,))
+    return DATA[index], LABELS[index]
+
+
+def plain_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> float:
+    x, y = batch()
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def accumulating_step(model, optimizer, step: int) -> float:
+    """Two micro-batches, one optimizer step (gradient accumulation)."""
+    optimizer.zero_grad()
+    total = 0.0
+    for _ in range(2):
+        x, y = batch(16)
+        loss = F.cross_entropy(model(x), y) / 2
+        loss.backward()
+        total += loss.item()
+    optimizer.step()
+    return total
+
+
+def twice_called_step(model, optimizer, step: int) -> float:
+    """The module called twice in a step (a siamese encoder): it turns hot between two calls
+    whose graphs share its parameters."""
+    (x, y), (other, _) = batch(), batch()
+    loss = F.cross_entropy(model(x), y) + F.mse_loss(model(other), model(x).detach())
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def retaining_step(model, optimizer, step: int) -> float:
+    """backward twice through the same graph (retain_graph), then one step."""
+    x, y = batch()
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward(retain_graph=True)
+    (loss * 0.5).backward()
+    optimizer.step()
+    return loss.item()
+
+
+def evaluating_step(model, optimizer, step: int) -> float:
+    """A training step, then an evaluation under no_grad in eval mode, then back to train."""
+    loss = plain_step(model, optimizer, step)
+    model.eval()
+    with torch.no_grad():
+        x, y = batch()
+        evaluated = F.cross_entropy(model(x), y).item()
+    model.train()
+    return loss + evaluated
+
+
+def freezing_step(model, optimizer, step: int) -> float:
+    """The input layer frozen for the first steps, then trained (requires_grad changes)."""
+    model.inp.weight.requires_grad_(step >= HOT_AFTER + 2)
+    return plain_step(model, optimizer, step)
+
+
+def hooked_step(model, optimizer, step: int) -> float:
+    return plain_step(model, optimizer, step)
+
+
+def reshaping_step(model, optimizer, step: int) -> float:
+    """The last steps get a smaller batch (a ragged last batch): Dynamo's guards recompile."""
+    x, y = batch(32 if step < STEPS - 2 else 20)
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def with_hooks(model: Net) -> Net:
+    """Forward hooks: one scaling a layer's output, a pre-hook scaling its input."""
+    model.out.register_forward_hook(lambda module, args, out: out * 0.5)
+    model.inp.register_forward_pre_hook(lambda module, args: (args[0] * 2,))
+    return model
+
+
+def with_gradient_hook(model: Net) -> Net:
+    model.inp.weight.register_hook(lambda grad: grad.clamp(-0.01, 0.01))
+    return model
+
+
+CASES: dict[str, tuple[Callable[[], Net], Callable]] = {
+    "dropout": (lambda: Net(dropout=0.3), plain_step),
+    "batch norm": (lambda: Net(batch_norm=True), plain_step),
+    "accumulation": (lambda: Net(dropout=0.1), accumulating_step),
+    "retain_graph": (lambda: Net(), retaining_step),
+    "called twice a step": (lambda: Net(dropout=0.1), twice_called_step),
+    "eval between steps": (lambda: Net(dropout=0.2, batch_norm=True), evaluating_step),
+    "requires_grad changed": (lambda: Net(), freezing_step),
+    "checkpointing": (lambda: Net(checkpointed=True), plain_step),
+    "hooks": (lambda: with_hooks(Net()), hooked_step),
+    "a new shape": (lambda: Net(), reshaping_step),
+}
+
+
+#: Known to differ from strict, in the recorder (the calls before a module turns hot are
+#: recorded): a parameter's gradient hook is lost when the parameter is adopted, and a
+#: checkpointed region with dropout recomputes another mask (its saved generator state is
+#: read before the recorded draws have run).
+RECORDER_BUGS = {
+    "a gradient hook on a parameter": (lambda: with_gradient_hook(Net()), plain_step),
+    "checkpointing with dropout": (lambda: Net(dropout=0.2, checkpointed=True), plain_step),
+}
+
+
+def run(make: Callable[[], Net], step_fn: Callable, engine: FusionEngine | None, options: FuseOptions = SYNC):
+    torch.manual_seed(0)
+    model = make()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model.train()
+    losses, states = [], []
+    for step in range(STEPS):
+        states.append(torch.random.get_rng_state())
+        if engine is None:
+            losses.append(step_fn(model, optimizer, step))
+        else:
+            with engine.scope(options, adopt=(model, optimizer)):
+                losses.append(step_fn(model, optimizer, step))
+    return model, losses, states
+
+
+def assert_same_training(strict, fused) -> None:
+    (strict_model, strict_losses, strict_states), (fused_model, fused_losses, fused_states) = strict, fused
+    assert fused_losses == pytest.approx(strict_losses, rel=1e-4, abs=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(strict_states, fused_states, strict=True)), "random stream"
+    expected = dict(strict_model.state_dict())
+    for name, value in fused_model.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=5e-5)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_hot_training_call_gives_strict_answers(case: str) -> None:
+    make, step_fn = CASES[case]
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+    assert_same_training(run(make, step_fn, None), run(make, step_fn, engine))
+    calls = [g for g in bus.recent("group") if g.key == "Net-training"]
+    assert calls and any(g.status == "hit" for g in calls), [g.status for g in bus.recent("group")]
+
+
+@pytest.mark.xfail(strict=True, reason="the recorder's known bugs (RECORDER_BUGS)")
+@pytest.mark.parametrize("case", list(RECORDER_BUGS))
+def test_the_recorders_known_bugs_still_differ_from_strict(case: str) -> None:
+    make, step_fn = RECORDER_BUGS[case]
+    assert_same_training(run(make, step_fn, None), run(make, step_fn, FusionEngine(torch.device("cpu"))))
+
+
+def test_a_frozen_base_with_a_lora_adapter_trains_as_in_strict() -> None:
+    """peft's LoRA on a frozen base, the way the tutorials fine-tune."""
+    from peft import LoraConfig, get_peft_model
+
+    def make() -> torch.nn.Module:
+        return get_peft_model(
+            Net(dropout=0.1), LoraConfig(r=4, target_modules=["inp", "out"], lora_dropout=0.1)
+        )
+
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+    assert_same_training(run(make, plain_step, None), run(make, plain_step, engine))
+    assert any(g.key.endswith("-training") and g.status == "hit" for g in bus.recent("group"))
+
+
+def test_compiled_in_the_background_and_swapped_in_mid_loop() -> None:
+    """As in a notebook: the hot call runs as captured while the worker compiles it, then
+    compiled; the swap changes neither the losses nor the random stream."""
+    seen = []
+    engine = FusionEngine(torch.device("cpu"), seen.append)
+    make = CASES["dropout"][0]
+    torch.manual_seed(0)
+    model = make()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, states = [], []
+    with engine.scope(FuseOptions(hot_training=True), adopt=(model, optimizer)):
+        while not any(getattr(g, "status", None) == "hit" for g in seen[-3:]) or len(losses) < STEPS:
+            states.append(torch.random.get_rng_state())
+            losses.append(plain_step(model, optimizer, len(losses)))
+            assert len(losses) < 20_000, "the hot call never ran compiled"
+        for _ in range(5):
+            states.append(torch.random.get_rng_state())
+            losses.append(plain_step(model, optimizer, len(losses)))
+    statuses = {g.status for g in seen if getattr(g, "key", None) == "Net-training" and hasattr(g, "status")}
+    assert {"compiling", "hit"} <= statuses, statuses  # ran as captured, then compiled
+    assert isinstance(model._compiled_call_impl, HotCall)
+    torch.manual_seed(0)
+    reference = make()
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    strict = (reference, [], [])
+    for step in range(len(losses)):
+        strict[2].append(torch.random.get_rng_state())
+        strict[1].append(plain_step(reference, reference_optimizer, step))
+    assert_same_training(strict, (model, losses, states))
+
+
+def test_the_loop_around_a_hot_training_call_runs_outside_recording() -> None:
+    """Once hot, a step records nothing: the batch, the loss, backward and the optimizer run
+    as eager PyTorch around the compiled call (the engine's mode steps aside)."""
+    engine = FusionEngine(torch.device("cpu"))
+    run(CASES["dropout"][0], plain_step, engine)
+    recorded = engine.counts["recorded"] + engine.counts["followed"]
+    model = copy.deepcopy(CASES["dropout"][0]())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with engine.scope(SYNC, adopt=(model, optimizer)):
+        for step in range(HOT_AFTER + 1):
+            plain_step(model, optimizer, step)
+        before = engine.counts["recorded"] + engine.counts["followed"]
+        for step in range(3):
+            plain_step(model, optimizer, step)
+        assert engine.counts["recorded"] + engine.counts["followed"] == before
+    assert recorded > 0
