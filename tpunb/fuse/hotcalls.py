@@ -33,10 +33,21 @@ The calls before it turns hot are recorded as usual, but the traces they touch a
 compiles (one per distinct layer group of each of the first calls, seconds each) would only
 keep the compile worker busy, and a ``generate()`` call would count them.
 
-Every hot module's compiled call starts in ``nn.Module._call_impl``, one code object, and
-Dynamo keeps at most ``recompile_limit`` (8) compiled versions of a code object: past 8 hot
-modules or recompiles in one process, Dynamo runs further ones as they are (with its
-warning), still outside recording, so as fast as strict mode, not faster.
+Every hot module's compiled call starts in a small frame of tpunb's with a code object of its
+own (``calling``): Dynamo skips ``torch.nn``'s own frames, so a model made of its modules
+would never compile from ``_call_impl``, and Dynamo keeps at most ``recompile_limit`` (8)
+compiled versions per code object, so one shared code object would stop compiling after a
+model was built a ninth time. Past 8 recompiles of one module (8 input shapes), Dynamo runs
+its calls as they are (with its warning), outside recording, as fast as strict mode.
+
+**Training** (opt-in: ``FuseOptions.hot_training``, ``%tpu_mode fused --hot-training``): a
+module called with grad in train mode turns hot the same way, but at the next optimizer step
+(``turn_hot``), when no autograd graph holds its adopted parameters any more; its calls then
+compile through ``compile_later.py``: the captured graph runs at once while the compile
+worker compiles forward and backward, and the compiled code is swapped in when ready. The
+loop around it (a batch drawn, the loss, ``backward()``, an optimizer over its now plain
+parameters) runs as eager PyTorch. Gradients reaching its compiled backward are made plain
+(``plain_gradients``).
 
 The first hot call compiles synchronously, as compile mode does (seconds; Dynamo compiles
 on the calling thread). A graph Inductor fails to compile runs as Dynamo captured it, op by
