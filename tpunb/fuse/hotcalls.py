@@ -221,8 +221,10 @@ def regime(module: torch.nn.Module) -> str | None:
 
 
 class HotCall:
-    """A hot module's call: Dynamo and Inductor in fused scopes without grad in eval mode,
-    the module's own call otherwise. Pickling a module drops it (``nn.Module.__getstate__``)."""
+    """A hot module's call: compiled whole in fused scopes, in its regime (no grad in eval
+    mode: Dynamo and Inductor at once; grad in train mode, with hot training on: Dynamo, then
+    AOTAutograd and Inductor on the worker), the module's own call otherwise. Pickling a
+    module drops it (``nn.Module.__getstate__``)."""
 
     def __init__(self, engine: FusionEngine, module: torch.nn.Module) -> None:
         self.engine = engine
