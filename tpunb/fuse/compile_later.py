@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from tpunb.fuse.cache import GraphCache, Variant, VariantState
+from tpunb.fuse.disk_cache import rebuild_torn_binaries
 from tpunb.fuse.workarounds import skip_dynamo_in
 
 
@@ -90,6 +91,7 @@ class CompiledLater:
             from torch._inductor import config
             from torch._inductor.compile_fx import compile_fx
 
+            rebuild_torn_binaries()
             with torch._guards.tracing(context), config.patch(fallback_random=True), autograd_as_eager():
                 return compile_fx(graph, examples)
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from tpunb.fuse.disk_cache import rebuild_torn_binaries
 from tpunb.fuse.random_fill import FILLS, is_fresh_fill, random_fill
 from tpunb.fuse.trace import OpRecord, Ref
 
@@ -312,5 +313,6 @@ def inductor_compile(graph: fx.GraphModule, examples: Sequence[Any]) -> Callable
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
+    rebuild_torn_binaries()
     with torch.no_grad(), inductor_config.patch(fallback_random=True):
         return compile_fx(graph, list(examples))

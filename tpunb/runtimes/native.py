@@ -20,7 +20,7 @@ import torch
 from tpunb.debug import DebugChecks
 from tpunb.events import Record
 from tpunb.fuse import FuseOptions, FusionEngine
-from tpunb.fuse.disk_cache import current_cache_dir, use_cache_dir
+from tpunb.fuse.disk_cache import current_cache_dir, rebuild_torn_binaries, use_cache_dir
 from tpunb.fuse.warmup import warm_up_when_idle
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import CacheDirError, CacheStats, MemoryInfo
@@ -111,6 +111,7 @@ class NativeRuntime:
         return {key: stats[key] for key in ("compile_ms", "failures", "graphs", "ops")}
 
     def compile_function(self, fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+        rebuild_torn_binaries()
         return torch.compile(fn, **{"backend": "inductor", **options})
 
     def compile_cell(self, fn: Callable[[], Any]) -> Callable[[], Any]:
