@@ -26,6 +26,9 @@ NO_DEPS_WORKLOADS := litgpt==0.5.13
 COLAB_PACKAGES ?= torch==2.9.0 torch_xla==2.9.0 jax==0.7.2 jaxlib==0.7.2 flax==0.12.0
 KAGGLE_PACKAGES ?= torch==2.8.0 torch_xla==2.8.0 jax==0.6.2 jaxlib==0.6.2 flax==0.10.7 ipykernel==6.29.5
 TORCHTPU_PACKAGES ?= torch==2.13.0 torch_tpu==0.2.0 jax==0.10.2
+# What a runtime suite's tests need beside tpunb: Colab's venv runs others' training loops on
+# torch_xla (tests/xla/test_xla_workloads.py) with packages Colab ships beside it.
+COLAB_TEST_PACKAGES ?= 'transformers>=5' 'accelerate>=1.10' 'peft>=0.17' pytorch-ignite==0.5.5
 # How each image's packages go in. Colab's and Kaggle's torch are CUDA builds from PyPI, about
 # 8 GB each and mostly the same NVIDIA libraries: uv installs them as hard links into one cache
 # under build/ (the same file system as the venvs, so links never fall back to copies), and the
@@ -115,7 +118,7 @@ $(WHEEL_STAMP): $(TPUNB_SOURCES) | $(STAMP)
 
 .venv-%/.tpunb-installed: .venv-%/image.txt $(WHEEL_STAMP)
 	.venv-$*/bin/python -m pip uninstall --yes --quiet tpunb
-	$(PIP_INSTALL) "$$(ls build/wheel/tpunb-*.whl)[kernel-tests]"
+	$(PIP_INSTALL) "$$(ls build/wheel/tpunb-*.whl)[kernel-tests]" $($(shell echo $* | tr a-z A-Z)_TEST_PACKAGES)
 	touch $@
 
 test-xla: test-colab test-kaggle
@@ -123,8 +126,9 @@ test-xla: test-colab test-kaggle
 test-colab: .venv-colab/.tpunb-installed
 	$(RUNTIME_ENV) PJRT_DEVICE=CPU TPUNB_INSTALL_CELLS=1 .venv-colab/bin/python $(RUNTIME_PYTEST) tests/xla tests/image
 
+# (the workloads run on torch_xla once, in Colab's venv)
 test-kaggle: .venv-kaggle/.tpunb-installed
-	$(RUNTIME_ENV) PJRT_DEVICE=CPU .venv-kaggle/bin/python $(RUNTIME_PYTEST) tests/xla tests/image
+	$(RUNTIME_ENV) PJRT_DEVICE=CPU .venv-kaggle/bin/python $(RUNTIME_PYTEST) -m "not workloads" tests/xla tests/image
 	$(RUNTIME_ENV) .venv-kaggle/bin/python $(RUNTIME_PYTEST) $(IPYKERNEL6_TESTS)
 
 test-torchtpu: .venv-torchtpu/.tpunb-installed

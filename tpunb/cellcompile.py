@@ -116,15 +116,17 @@ def _counters() -> dict[str, int]:
 
 
 def _breaks() -> dict[str, int]:
-    """Dynamo's break reasons with counts; a break Dynamo handled without an "unsupported"
-    reason (a ``print``, say) still leaves a resume function behind, counted as such."""
+    """Dynamo's break reasons with counts, and (under ``RESUMED``) the resume functions it made:
+    one per break inside a frame, including breaks Dynamo handled without a reason."""
     from torch._dynamo.utils import counters
 
-    breaks = dict(counters["graph_break"])
-    resumed = sum(counters["resumes"].values())
-    if resumed:
-        breaks["resumed after a break (no reason recorded; e.g. print or a Python side effect)"] = resumed
-    return breaks
+    return {**counters["graph_break"], RESUMED: sum(counters["resumes"].values())}
+
+
+#: The resume functions Dynamo made, in ``_breaks()``'s counts.
+RESUMED = "<resumed>"
+#: What a break without a reason of its own is called (one resume function more than reasons).
+UNEXPLAINED_BREAK = "a break without a reason from Dynamo (a print or another Python side effect)"
 
 
 def _guard_failures(code: CodeType) -> list[str]:
@@ -150,8 +152,23 @@ def explain_guard(reason: str) -> str:
     return f"{name}.shape[{match['dim']}] changed {match['old']} → {match['new']}"
 
 
+def _new_breaks(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The breaks between two ``_breaks()`` counts, by short reason; resume functions beyond the
+    breaks with reasons count as breaks without one."""
+    new = {
+        _short(reason): count - before.get(reason, 0)
+        for reason, count in after.items()
+        if reason != RESUMED and count > before.get(reason, 0)
+    }
+    unexplained = after[RESUMED] - before.get(RESUMED, 0) - sum(new.values())
+    return {**new, UNEXPLAINED_BREAK: unexplained} if unexplained > 0 else new
+
+
 def _short(reason: str) -> str:
-    line = reason.strip().splitlines()[0] if reason.strip() else reason
+    """A reason's line that explains: Dynamo's "Explanation:" line when it gives one."""
+    lines = [line.strip() for line in reason.strip().splitlines()]
+    line = next((x.removeprefix("Explanation:").strip() for x in lines if x.startswith("Explanation:")), None)
+    line = line or (lines[0] if lines else reason)
     return line if len(line) <= 160 else line[:157] + "..."
 
 
@@ -223,11 +240,7 @@ class CompileWatch:
             key=key,
             graphs=delta["graphs"] if graphs is None or self._graphs is None else graphs - self._graphs,
             frames=delta["frames"],
-            graph_breaks={
-                _short(reason): count - self._breaks.get(reason, 0)
-                for reason, count in breaks.items()
-                if count > self._breaks.get(reason, 0)
-            },
+            graph_breaks=_new_breaks(self._breaks, breaks),
             recompile_reasons=self._recompile_reasons(),
             storm=self._storm() if stormed else None,
             fx_cache_hits=delta["fx_cache_hits"],

@@ -138,9 +138,11 @@ def _dim_index(args: Sequence[Any]) -> list[IndexCheck]:
 
 
 def _nll_target(args: Sequence[Any]) -> list[IndexCheck]:
+    """The targets, ignored ones read as class 0 (always valid): a boolean mask would select
+    them with ``nonzero``, which PyTorch/XLA runs on the CPU, a round trip per loss."""
     logits, target, ignore_index = args[0], args[1], args[4]
     classes = logits.shape[1] if logits.dim() >= 2 else logits.shape[0]
-    kept = target[target != ignore_index]
+    kept = torch.where(target != ignore_index, target, torch.zeros_like(target))
     return [(kept, classes, False, "the class dimension")]
 
 

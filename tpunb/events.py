@@ -57,6 +57,7 @@ class CellRun(Record):
     error: str | None
     compiled_graphs: int = 0  # compile mode: new graphs and graph breaks in the cell
     graph_breaks: int = 0
+    break_reasons: str | None = None  # compile mode: why the graphs broke, in Dynamo's words
     recompiles: str | None = None  # compile mode: why it recompiled, in words
     slower: str | None = None  # fused mode: why its groups cost more than running their ops would
     counters: dict[str, float] = field(default_factory=dict)  # runtime counters that moved

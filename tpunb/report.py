@@ -59,7 +59,9 @@ def mode_table(session: Session) -> str:
 
 
 def cell_summary(record: CellRun) -> str:
-    """The one-line summary after a cell that ran in a mode other than strict, or in reduced precision."""
+    """The one-line summary after a cell that ran in a mode other than strict, or in reduced
+    precision: the mode, the time and only what happened (no "0 groups" for a cell that fused
+    nothing; a graph break with its reason)."""
     parts = [f"[tpunb] {record.mode}"]
     if record.precision != "fp32":
         parts.append(record.precision)
@@ -69,11 +71,12 @@ def cell_summary(record: CellRun) -> str:
     if "compile" in record.mode:
         parts.append(f"{record.compiled_graphs} graph{'s' if record.compiled_graphs != 1 else ''} compiled")
         if record.graph_breaks:
-            parts.append(f"{record.graph_breaks} graph break{'s' if record.graph_breaks != 1 else ''}")
+            count = f"{record.graph_breaks} graph break{'s' if record.graph_breaks != 1 else ''}"
+            parts.append(f"{count} ({record.break_reasons})" if record.break_reasons else count)
         if record.compile_waited_s >= WAIT_WORTH_SAYING_S:
             waited = record.compile_waited_s
             parts.append(f"waited {waited:.2f} s for fused groups compiling in the background")
-    if record.groups or (record.mode != "strict" and "compile" not in record.mode):  # strict: a bf16 cell
+    if record.groups:
         parts.append(f"{record.groups} group{'s' if record.groups != 1 else ''}")
     if record.recompiles:
         parts.append(f"recompiled: {record.recompiles}")

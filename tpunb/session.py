@@ -268,6 +268,7 @@ class Session:
             error=type(error).__name__ if error is not None else None,
             compiled_graphs=sum(r.graphs for r in compiled),
             graph_breaks=sum(sum(r.graph_breaks.values()) for r in compiled),
+            break_reasons=_first_reasons([reason for r in compiled for reason in r.graph_breaks]),
             recompiles=_first_reasons([reason for r in compiled for reason in r.recompile_reasons]),
             counters=counters,
             precision=_summary_precision(cell.precisions),

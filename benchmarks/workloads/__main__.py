@@ -1,13 +1,15 @@
 """Others' training loops in every mode against strict: the real-workload table.
 
     python -m benchmarks.workloads [--workloads hf_trainer,lightning] [--modes strict,fused,...]
-                                   [--precisions fp32,bf16] [--steps N]
+                                   [--precisions fp32,bf16] [--steps N] [--device xla]
 
 Each workload runs in a fresh kernel on this interpreter, one thread (``OMP_NUM_THREADS=1``);
 per workload, precision and mode the table gives the largest loss difference against strict
 (absolute and relative, over every logged step), whether the random stream matched, the
 steady ms/step and the first step's seconds, and the ratio of strict's ms/step to the mode's
 (above 1: faster than strict). JSON goes to ``test-artifacts/workloads.json``.
+``--device xla`` runs the workloads that apply on PyTorch/XLA's CPU device, in kernels on the
+xla runtime (an interpreter with torch_xla: ``.venv-colab``), without fused-hot (native only).
 """
 
 from __future__ import annotations
@@ -32,23 +34,27 @@ def main() -> int:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the workload's)")
+    parser.add_argument("--device", choices=("cpu", "xla"), default="cpu")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "tests" / "kernel"))
+    sys.path[:0] = [str(ROOT / "tests" / "kernel"), str(ROOT / "tests" / "xla")]
     from kernels import start_kernel  # the project's one kernel client
+    from xla_kernels import XLA_ENV
 
+    on_xla = args.device == "xla"
+    names = [n for n in args.workloads.split(",") if WORKLOADS[n].on_xla or not on_xla]
+    modes = [m for m in args.modes.split(",") if m != "fused-hot" or not on_xla]
     runs: list[Run] = []
-    for name in args.workloads.split(","):
+    for name in names:
         workload = WORKLOADS[name]
         if missing := missing_packages(workload):
             print(f"{name}: skipped, not installed: {', '.join(missing)}", flush=True)
             continue
-        kernel = start_kernel(Path(tempfile.mkdtemp(prefix="tpunb-workloads-")))  # one thread
+        folder = Path(tempfile.mkdtemp(prefix="tpunb-workloads-"))
+        kernel = start_kernel(folder, env=XLA_ENV if on_xla else None)  # one thread
         try:
             loaded = kernel.run("%load_ext tpunb", timeout=300)
             assert loaded.error is None, loaded.error
-            done = run_workload(
-                kernel, workload, args.modes.split(","), args.precisions.split(","), args.steps
-            )
+            done = run_workload(kernel, workload, modes, args.precisions.split(","), args.steps, args.device)
         finally:
             kernel.shutdown()
         runs += done

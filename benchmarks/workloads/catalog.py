@@ -6,7 +6,13 @@ that calls the package's entry point (``trainer.train()``, ``trainer.fit(...)``,
 ``model.fit(...)``). The set-up logs each step's loss with ``record(loss)`` (defined by the
 harness) from the package's own hook for it (a callback, an event handler), as a user logs a
 loss curve. Models are built from constructors with random weights and data is generated:
-nothing is downloaded. ``STEPS`` is set by the harness before the set-up runs.
+nothing is downloaded. ``STEPS`` and ``DEVICE`` are set by the harness before the set-up runs.
+
+On PyTorch/XLA (``DEVICE == "xla"``, workloads with ``on_xla``) the package's own XLA path
+runs (the Trainer's and Accelerate's device choice, ``device=`` arguments) and dropout is
+off: PyTorch/XLA draws other dropout masks op by op (eager, strict mode) than in a traced
+graph (lazy, fused mode), without tpunb (measured on torch_xla 2.9: 4 of 8 elements differ),
+so with dropout the modes cannot agree there.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class Workload:
     draws_between_steps: bool  # random numbers drawn between steps (shuffling, random batches)
     dropout: bool
     steps: int = 8
+    on_xla: bool = False  # its set-up puts it on DEVICE, the XLA device on PyTorch/XLA
 
 
 def missing_packages(workload: Workload) -> list[str]:
@@ -41,7 +48,10 @@ HF_TRAINER = Workload(
 import tempfile, torch, transformers
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 transformers.set_seed(0)
-model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=32))
+p = 0.1 if DEVICE == "cpu" else 0.0  # GPT-2's default dropout (off on XLA: the module docstring)
+model = GPT2LMHeadModel(GPT2Config(
+    n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=32, resid_pdrop=p, embd_pdrop=p, attn_pdrop=p,
+))
 
 class Tokens(torch.utils.data.Dataset):
     def __init__(self):
@@ -58,14 +68,17 @@ class LogLoss(TrainerCallback):
 
 args = TrainingArguments(
     output_dir=tempfile.mkdtemp(), per_device_train_batch_size=8, max_steps=STEPS, logging_steps=1,
-    learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, seed=0,
+    learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=DEVICE == "cpu", disable_tqdm=True, seed=0,
     dataloader_num_workers=0,
+    # the Trainer's default, fused AdamW, has no XLA kernel: users on a TPU pick the plain one
+    optim="adamw_torch_fused" if DEVICE == "cpu" else "adamw_torch",
 )
 trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[LogLoss()])
 """,
     train="trainer.train()",
     draws_between_steps=True,  # the Trainer's RandomSampler
     dropout=True,  # GPT-2's residual, embedding and attention dropout (0.1)
+    on_xla=True,  # the Trainer picks the XLA device itself when torch_xla is installed
 )
 
 ACCELERATE = Workload(
@@ -79,11 +92,12 @@ from torch.utils.data import DataLoader, TensorDataset
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 set_seed(0)
-accelerator = Accelerator(cpu=True)
+accelerator = Accelerator(cpu=DEVICE == "cpu")
 x = torch.randn(64, 12)
 y = x @ torch.randn(12, 1) / 3 + 0.1 * torch.randn(64, 1)
 loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
-model = nn.Sequential(nn.Linear(12, 48), nn.GELU(), nn.Dropout(0.1), nn.Linear(48, 1))
+p = 0.1 if DEVICE == "cpu" else 0.0  # (off on XLA: the module docstring)
+model = nn.Sequential(nn.Linear(12, 48), nn.GELU(), nn.Dropout(p), nn.Linear(48, 1))
 optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3, weight_decay=0.01)
 scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
 model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
@@ -101,6 +115,7 @@ for epoch in range(STEPS // 4):
 """,
     draws_between_steps=True,  # the prepared DataLoader shuffles every epoch
     dropout=True,
+    on_xla=True,  # Accelerate's XLA path: its device, loader and optimizer step
 )
 
 LIGHTNING = Workload(
@@ -222,14 +237,16 @@ manual_seed(0)
 x = torch.randn(64, 16)
 y = (x[:, :4].sum(1) > 0).long()
 loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
-model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
+p = 0.2 if DEVICE == "cpu" else 0.0  # (off on XLA: the module docstring)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(p), nn.Linear(32, 2)).to(DEVICE)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-trainer = create_supervised_trainer(model, optimizer, nn.CrossEntropyLoss(), device="cpu")
+trainer = create_supervised_trainer(model, optimizer, nn.CrossEntropyLoss(), device=DEVICE)
 trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: record(engine.state.output))
 """,
     train="trainer.run(loader, max_epochs=STEPS // 4)",
     draws_between_steps=True,
     dropout=True,
+    on_xla=True,  # ignite's XLA path (xm.optimizer_step)
 )
 
 LITGPT = Workload(
@@ -275,12 +292,13 @@ from peft import LoraConfig, get_peft_model
 from torch.utils.data import DataLoader, TensorDataset
 from transformers import BertConfig, BertForSequenceClassification
 transformers.set_seed(0)
+p = 0.1 if DEVICE == "cpu" else 0.0  # BERT's default dropout (off on XLA: the module docstring)
 base = BertForSequenceClassification(BertConfig(
     vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-    max_position_embeddings=64, num_labels=3,
+    max_position_embeddings=64, num_labels=3, hidden_dropout_prob=p, attention_probs_dropout_prob=p,
 ))
-lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["query", "value"])
-model = get_peft_model(base, lora)
+lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=p, target_modules=["query", "value"])
+model = get_peft_model(base, lora).to(DEVICE)
 ids, labels = torch.randint(0, 512, (64, 24)), torch.randint(0, 3, (64,))
 loader = DataLoader(TensorDataset(ids, labels), batch_size=16, shuffle=True)
 optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)
@@ -289,7 +307,7 @@ optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad]
 model.train()
 for epoch in range(STEPS // 4):
     for batch_ids, batch_labels in loader:
-        loss = model(input_ids=batch_ids, labels=batch_labels).loss
+        loss = model(input_ids=batch_ids.to(DEVICE), labels=batch_labels.to(DEVICE)).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -297,6 +315,7 @@ for epoch in range(STEPS // 4):
 """,
     draws_between_steps=True,
     dropout=True,  # LoRA's dropout and BERT's own (0.1)
+    on_xla=True,
 )
 
 WORKLOADS = {w.name: w for w in (HF_TRAINER, ACCELERATE, LIGHTNING, KERAS, SKORCH, IGNITE, LITGPT, PEFT_LORA)}

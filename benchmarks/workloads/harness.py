@@ -120,20 +120,23 @@ def run_workload(
     modes: Sequence[str],
     precisions: Iterable[str],
     steps: int | None = None,
+    device: str = "cpu",
 ) -> list[Run]:
-    """Each precision, then each mode (strict first), in one kernel that has tpunb loaded."""
+    """Each precision, then each mode (strict first), in one kernel that has tpunb loaded;
+    ``device`` is the set-up's ``DEVICE``: "cpu", or "xla" in a kernel on the xla runtime."""
     _cell(kernel, RECORDER)
     runs = []
     for precision in precisions:
         for mode in ("strict", *(m for m in modes if m != "strict")):
-            runs.append(_one_run(kernel, workload, mode, precision, steps or workload.steps))
+            runs.append(_one_run(kernel, workload, mode, precision, steps or workload.steps, device))
     return runs
 
 
-def _one_run(kernel: Cells, workload: Workload, mode: str, precision: str, steps: int) -> Run:
+def _one_run(kernel: Cells, workload: Workload, mode: str, precision: str, steps: int, device: str) -> Run:
     run = Run(workload.name, mode, precision)
     _cell(kernel, "%tpu_precision fp32")
-    _cell(kernel, f"_wl_losses.clear(); _wl_stamps.clear()\nSTEPS = {steps}\n{workload.setup}")
+    defined = f"STEPS, DEVICE = {steps}, {device!r}"
+    _cell(kernel, f"_wl_losses.clear(); _wl_stamps.clear()\n{defined}\n{workload.setup}")
     _cell(kernel, f"%tpu_precision {precision}")
     cell_mode = MAGIC.get(mode, mode)
     body = f"_wl_started = _time.perf_counter()\n{workload.train}"

@@ -9,6 +9,7 @@ image's torch, torch_xla, jax and ipykernel came through unchanged.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -46,14 +47,30 @@ def pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", *args], check=True, capture_output=True, timeout=900)
 
 
+#: What the install cells must bring (tpunb's ``tutorials`` extra) that the venv may already
+#: have for other tests (Makefile: COLAB_TEST_PACKAGES): out while the cells run, so that a
+#: cell that forgets one fails here.
+CELLS_BRING = ("transformers", "peft", "gguf")
+
+
 @pytest.fixture(scope="module")
 def without_tpunb() -> Iterator[None]:
     assert WHEELS, "make builds build/wheel/tpunb-*.whl before the runtime suites"
-    pip("uninstall", "--yes", "tpunb")
+    present = {name: version for name in CELLS_BRING if (version := installed(name))}
+    pip("uninstall", "--yes", "tpunb", *present)
     try:
         yield
     finally:  # the rest of the suite needs tpunb back, as the wheel, whatever happened here
         pip("install", "--no-deps", "--force-reinstall", str(WHEELS[-1]))
+        if present:
+            pip("install", "--no-deps", *(f"{name}=={version}" for name, version in present.items()))
+
+
+def installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def kernel_in(folder: Path) -> Kernel:

@@ -62,8 +62,9 @@ def test_a_graph_break_runs_correctly_and_is_reported(kernel):
     assert "y is [0.0, 3.0, 6.0, 9.0]" in result.stdout
     assert "tensor(22.)" in result.text
     record = kernel.value("tpunb.stats()['compiled'][-1]")
-    assert sum(record["graph_breaks"].values()) >= 1, record
-    assert "graph break" in result.stdout
+    reason = "Dynamo currently does not support tracing `tolist()` on non-integer tensors."
+    assert record["graph_breaks"] == {reason: 1}, record  # one break, counted once, in its words
+    assert f"· 1 graph break ({reason})" in result.stdout, result.stdout
 
 
 def test_errors_in_a_compiled_cell_point_at_its_line(kernel):

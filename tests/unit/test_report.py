@@ -27,7 +27,8 @@ def run(**changes) -> CellRun:
 
 
 def test_summary_shows_only_what_is_known_and_non_zero():
-    assert cell_summary(run()) == "[tpunb] debug · 1.23 s · 0 groups"
+    assert cell_summary(run()) == "[tpunb] debug · 1.23 s"  # no "0 groups": nothing fused
+    assert cell_summary(run(mode="fused")) == "[tpunb] fused · 1.23 s"  # a time.sleep cell
     full = cell_summary(
         run(peak_bytes=2 * 1024**2, groups=1, cache_hits=3, cache_misses=1, error="ValueError")
     )
@@ -95,3 +96,8 @@ def test_a_compile_cell_that_waited_for_background_compiles_says_how_long():
         " · waited 1.50 s for fused groups compiling in the background"
     )
     assert "waited" not in cell_summary(run(mode="compile", compiled_graphs=2, compile_waited_s=0.01))
+
+
+def test_a_graph_break_is_named_with_its_reason():
+    broke = cell_summary(run(mode="compile", compiled_graphs=2, graph_breaks=1, break_reasons="print"))
+    assert broke == "[tpunb] compile · 1.23 s · 2 graphs compiled · 1 graph break (print)"

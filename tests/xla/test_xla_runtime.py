@@ -120,6 +120,20 @@ def test_debug_catches_a_nan_at_the_users_line(xla_kernel: Kernel) -> None:
     assert xla_kernel.value("tpunb.current_mode()") == "strict"
 
 
+def test_debug_checks_of_a_loss_add_no_host_round_trips(xla_kernel: Kernel) -> None:
+    """The class-index check of a cross-entropy (ignored targets included) stays on the device:
+    a boolean mask would run ``nonzero`` on the CPU, and tpunb would warn the user about it."""
+    code = (
+        "%%tpu_mode debug\nlogits = torch.randn(4, 3, device='xla', requires_grad=True)\n"
+        "ce = torch.nn.functional.cross_entropy(logits, torch.tensor([0, 2, -100, 1], device='xla'))\n"
+        "ce.backward()"
+    )
+    result = xla_kernel.run(code)
+    assert result.error is None, result.error
+    assert "ran on the CPU" not in result.stderr, result.stderr
+    assert xla_kernel.value("logits.grad[2].abs().sum().item()") == 0.0  # the ignored row
+
+
 def test_memory_is_none_on_the_cpu_device(xla_kernel: Kernel) -> None:
     assert xla_kernel.value("tpunb.stats()['memory']") is None
     shown = xla_kernel.run("%tpu_monitor")
