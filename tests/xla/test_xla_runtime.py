@@ -81,19 +81,21 @@ def decode(steps):
 """
 
 
-def test_fused_decoding_with_a_static_cache_compiles_one_step_graph(xla_kernel: Kernel) -> None:
+@pytest.mark.parametrize("mode", ["fused", "compile"])
+def test_decoding_with_a_static_cache_compiles_one_step_graph(xla_kernel: Kernel, mode: str) -> None:
     """A value read runs everything pending (xla_value_reads.py): every step is the same graph.
     torch_xla alone runs only what the read needs, and each step's graph then carries the
-    cache writes of all the steps before it: a compile per token."""
+    cache writes of all the steps before it: a compile per token (compile mode's
+    ``torch_xla.compile`` of the cell did that: 17 graphs for 16 steps of a PEFT loop)."""
     assert xla_kernel.run(DECODE).error is None
     assert xla_kernel.run("%%tpu_mode strict\nexpected = decode(16)").error is None
-    result = xla_kernel.run("%%tpu_mode fused\ntokens = decode(16)")
+    result = xla_kernel.run(f"%%tpu_mode {mode}\ntokens = decode(16)")
     assert result.error is None, result.error
-    assert last_cell(xla_kernel)["counters"]["graphs compiled"] <= 3  # the first step, the others, the cat
+    assert last_cell(xla_kernel)["counters"].get("graphs compiled", 0) <= 3  # first step, the others, the cat
     assert xla_kernel.value("torch.equal(tokens, expected)") is True
     triggers = [g["trigger"] for g in xla_kernel.value("tpunb.stats()['groups'][-16:]")]
     assert all(trigger.startswith("value read at ") for trigger in triggers[:-1]), triggers
-    assert xla_kernel.run("%%tpu_mode fused\ntokens = decode(16)").error is None
+    assert xla_kernel.run(f"%%tpu_mode {mode}\ntokens = decode(16)").error is None
     assert last_cell(xla_kernel)["counters"].get("graphs compiled", 0) == 0  # the same graphs again
     assert xla_kernel.value("torch.equal(tokens, expected)") is True
 

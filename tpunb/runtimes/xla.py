@@ -9,7 +9,8 @@ The modes map onto torch_xla's own switches:
   is one graph, plus one per value read (``.item()``, ``if tensor:``, ``.cpu()``), which
   runs everything pending, not only what the value needs (xla_value_reads.py);
 - compile: cells run through ``torch_xla.compile`` (one traced graph, training steps
-  included), ``tpunb.compile`` through ``torch.compile(backend="openxla")``.
+  included; a value read cuts it as in fused cells), ``tpunb.compile`` through
+  ``torch.compile(backend="openxla")``.
 
 torch_xla's counters and metrics are process-global and cumulative; the session reports
 their per-cell change. Which graph ran and why is only in torch_xla's debug log, so tpunb
@@ -139,9 +140,8 @@ class XlaRuntime:
             )
             with self._eager(True), checks:
                 yield
-        else:  # fused, and compile (whose uncompiled cells trace lazily like fused ones)
-            reads = SyncAtValueReads(self._torch_xla.sync) if config.mode is Mode.FUSED else None
-            with self._eager(False), reads or contextlib.nullcontext():
+        else:  # fused, and compile (torch_xla.compile of the cell, or lazy tracing like fused)
+            with self._eager(False), SyncAtValueReads(self._torch_xla.sync):
                 try:
                     yield
                 finally:

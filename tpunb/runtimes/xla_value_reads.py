@@ -1,10 +1,13 @@
-"""Fused cells on PyTorch/XLA: a value read runs *everything* pending, as the native engine does.
+"""Fused and compile cells on PyTorch/XLA: a value read runs *everything* pending, as the
+native engine does.
 
 torch_xla, asked for one tensor's value (``.item()``, ``if tensor:``, ``.cpu()``, printing),
 compiles and runs only the graph that tensor needs. Everything else stays pending and the
 next read's graph carries it along, so in a decode loop with a static KV cache each step's
 graph holds the cache writes of every step before it: a new graph, and a new compile, at
-every token (17 compiles for 16 tokens, measured on the CPU PJRT device). Syncing all live
+every token (17 compiles for 16 tokens, measured on the CPU PJRT device; a PEFT training loop
+logging ``loss.item()`` in a compile cell, ``torch_xla.compile``: 17 graphs for 16 steps, 7 s a
+step where strict takes 51 ms). Syncing all live
 tensors first (``torch_xla.sync()``, what ``mark_step`` does) makes each step the same graph,
 compiled once, as tpunb's fused mode does on the native runtime, where a materialization
 point flushes everything recorded. The graph log lists this file among such a graph's
