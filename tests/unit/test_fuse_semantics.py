@@ -356,3 +356,24 @@ def test_a_small_strided_plain_input_gives_strict_results_and_metadata(engine, l
     assert out.stride() == expected.stride()
     torch.testing.assert_close(out.materialized(), expected)
     assert out.materialized().stride() == expected.stride()
+
+
+@pytest.mark.parametrize("options", [REPLAY, FuseOptions(sync_compile=True)], ids=["replayed", "compiled"])
+def test_a_flush_from_python_under_autocast_runs_the_dtypes_autocast_chose(engine, options):
+    """Autocast casts before the engine records, so a group must not be cast again when it runs:
+    a flush from Python code (an optimizer hook, a module turning hot) runs inside the user's
+    autocast (a PEFT BERT step in bf16 failed in softmax's backward: fp32 grad, bf16 output)."""
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    with torch.autocast("cpu", torch.bfloat16, cache_enabled=False):
+        expected_full = (x @ w).sum()
+        with torch.autocast("cpu", enabled=False):
+            expected = torch.tanh(x @ w) * 3
+        for _ in range(2):  # the second sighting compiles
+            with engine.scope(options):
+                with torch.autocast("cpu", enabled=False):
+                    got = torch.tanh(x @ w) * 3  # fp32 matmul inside a bf16 cell
+                got_full = (x @ w).sum()
+                engine.flush("a hook")
+            assert got.dtype == torch.float32 and got_full.dtype == torch.bfloat16
+            torch.testing.assert_close(got, expected)
+            torch.testing.assert_close(got_full, expected_full)

@@ -346,8 +346,10 @@ class FusionEngine:
         __tracebackhide__ = True
         if not self.trace.ops:
             return
-        # the group's own ops are not recorded; an interrupt waits until its results are handed out
-        with self.interrupts, _disable_current_modes(), torch.no_grad():
+        # the group's own ops are not recorded; an interrupt waits until its results are handed
+        # out; autocast already chose each recorded op's dtypes, so it must not cast them again
+        # (a flush from Python code, not from inside an op: an optimizer hook, a hot call)
+        with self.interrupts, _disable_current_modes(), torch.no_grad(), torch._C._DisableAutocast():
             trace, self.trace = self.trace, Trace(warming=self.hot.warming)
             try:
                 self._flush(trace, reason, locate(sys._getframe(1)), wait)
