@@ -175,6 +175,16 @@ INDEX_CHECKS: dict[str, Callable[[Sequence[Any]], list[IndexCheck]]] = {
 def bounds_error(func: torch._ops.OpOverload, args: Sequence[Any]) -> DebugCheckError | None:
     """The error for an index-taking op about to read out of bounds (on CUDA that would be a
     device-side assert that kills the context), or None."""
+    found = out_of_bounds(func, args)
+    if found is None:
+        return None
+    problem, index = found
+    return DebugCheckError(op_name(func), problem, [f"index: {describe_value(index)}"], locate())
+
+
+def out_of_bounds(func: torch._ops.OpOverload, args: Sequence[Any]) -> tuple[str, torch.Tensor] | None:
+    """Which index of an index-taking op is out of bounds, in words, with the index tensor:
+    ``index 7 is out of bounds for the embedding table (size 4; valid [0, 4))``."""
     rule = INDEX_CHECKS.get(func.overloadpacket.__name__)
     if rule is None:
         return None
@@ -185,12 +195,7 @@ def bounds_error(func: torch._ops.OpOverload, args: Sequence[Any]) -> DebugCheck
         lower = -size if negatives else 0
         bad = low if low < lower else high if high >= size else None
         if bad is not None:
-            return DebugCheckError(
-                op_name(func),
-                f"index {bad} is out of bounds for {what} (size {size}; valid [{lower}, {size}))",
-                [f"index: {describe_value(index)}"],
-                locate(),
-            )
+            return f"index {bad} is out of bounds for {what} (size {size}; valid [{lower}, {size}))", index
     return None
 
 

@@ -13,6 +13,7 @@ from tpunb.magics import TpuMagics
 from tpunb.report import cell_summary, load_line
 from tpunb.session import Session, get_session
 from tpunb.source import running_cell_number
+from tpunb.tracebacks import install_tracebacks, uninstall_tracebacks
 
 
 class CellHooks:
@@ -66,6 +67,7 @@ def load(shell: Any, version: str) -> None:
         shell.register_magics(magics)
         hooks = CellHooks(shell, session, magics.compile_prefix)
         hooks.register()
+        install_tracebacks(shell)
         setattr(shell, _HOOKS_ATTR, hooks)
     if getattr(shell, "kernel", None) is not None:  # a kernel, so maybe a JupyterLab page
         open_lab_link(session, version)
@@ -76,5 +78,6 @@ def unload(shell: Any) -> None:
     hooks = getattr(shell, _HOOKS_ATTR, None)
     if hooks is not None:
         hooks.unregister()
+        uninstall_tracebacks(shell)
         setattr(shell, _HOOKS_ATTR, None)
     close_lab_link()

@@ -42,7 +42,7 @@ def main() -> int:
 
     on_xla = args.device == "xla"
     names = [n for n in args.workloads.split(",") if WORKLOADS[n].on_xla or not on_xla]
-    modes = [m for m in args.modes.split(",") if m != "fused-hot" or not on_xla]
+    modes = [m for m in args.modes.split(",") if not (on_xla and m.startswith("fused-hot"))]
     runs: list[Run] = []
     for name in names:
         workload = WORKLOADS[name]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from tpunb.debug import out_of_bounds
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.graph import ReplayError
 from tpunb.fuse.trace import OpRecord, Trace
@@ -27,11 +28,13 @@ def op_location(op: OpRecord) -> str:
 
 
 def describe_failure(trace: Trace, failure: ReplayError) -> str:
+    """What failed, where the user recorded it, and for an index out of bounds, which index
+    (the op's own message, "index out of range in self", names neither)."""
     op = trace.ops[failure.index]
-    return (
-        f"deferred op #{failure.index} {op.func.overloadpacket} failed: {failure.error}\n"
-        f"  recorded at {op_location(op)}"
-    )
+    found = out_of_bounds(op.func, failure.args_given) if failure.args_given else None
+    problem = found[0] if found is not None else failure.error
+    where = op_location(op)
+    return f"deferred op #{failure.index} {op.func.overloadpacket} failed: {problem}\n  recorded at {where}"
 
 
 def reads_input(op: OpRecord, index: int) -> bool:

@@ -63,11 +63,11 @@ def _lookup(
 
 
 class ReplayError(Exception):
-    """A recorded op failed when its group ran; ``index`` says which."""
+    """A recorded op failed when its group ran; ``index`` says which, ``args`` what it got."""
 
-    def __init__(self, index: int, error: BaseException) -> None:
+    def __init__(self, index: int, error: BaseException, args: Sequence[Any] = ()) -> None:
         super().__init__(str(error))
-        self.index, self.error = index, error
+        self.index, self.error, self.args_given = index, error, args
 
 
 def replay(
@@ -88,7 +88,7 @@ def replay(
         try:
             env[index] = op.func(*args, **kwargs)
         except Exception as error:
-            raise ReplayError(index, error) from error
+            raise ReplayError(index, error, args) from error
         del args, kwargs
         for done in last_use.get(index, ()):
             env[done] = None
