@@ -173,3 +173,12 @@ def comparisons(runs: Sequence[Run]) -> list[Comparison]:
     """Each non-strict run against the strict run of its workload and precision."""
     strict = {(r.workload, r.precision): r for r in runs if r.mode == "strict"}
     return [compare(r, strict[(r.workload, r.precision)]) for r in runs if r.mode != "strict"]
+
+
+def disagreements(runs: Sequence[Run], steps: int) -> list[str]:
+    """What every test of the suite asserts is empty: each run logged ``steps`` losses, and each
+    non-strict run agrees with strict (``compare``), one line per run that does not."""
+    short = [f"{r.precision} {r.mode}: {len(r.losses)} losses logged" for r in runs if len(r.losses) != steps]
+    return short + [
+        f"{c.run.precision} {c.run.mode}: {'; '.join(c.problems)}" for c in comparisons(runs) if not c.ok
+    ]

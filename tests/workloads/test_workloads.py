@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.workloads.catalog import WORKLOADS, missing_packages
-from benchmarks.workloads.harness import MODES, comparisons, run_workload
+from benchmarks.workloads.harness import MODES, disagreements, run_workload
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "kernel"))
 
@@ -42,8 +42,5 @@ def test_every_mode_logs_strict_losses_and_draws_strict_stream(name: str, tmp_pa
         runs += run_workload(kernel, workload, BF16_MODES, ["bf16"])
     finally:
         kernel.shutdown()
-    assert all(len(run.losses) == workload.steps for run in runs), [(r.mode, len(r.losses)) for r in runs]
-    failed = [
-        f"{c.run.precision} {c.run.mode}: {'; '.join(c.problems)}" for c in comparisons(runs) if not c.ok
-    ]
+    failed = disagreements(runs, workload.steps)
     assert not failed, "\n".join(failed)

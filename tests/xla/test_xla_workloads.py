@@ -20,7 +20,7 @@ from xla_kernels import start_xla_kernel
 sys.path.append(str(Path(__file__).parents[2]))
 
 from benchmarks.workloads.catalog import WORKLOADS, missing_packages
-from benchmarks.workloads.harness import comparisons, run_workload
+from benchmarks.workloads.harness import disagreements, run_workload
 
 pytestmark = pytest.mark.workloads
 
@@ -44,10 +44,7 @@ def test_every_mode_logs_strict_losses_on_the_xla_device(name: str, tmp_path: Pa
         runs += run_workload(kernel, workload, BF16_MODES, ["bf16"], device="xla")
     finally:
         kernel.shutdown()
-    assert all(len(run.losses) == workload.steps for run in runs), [(r.mode, len(r.losses)) for r in runs]
-    failed = [
-        f"{c.run.precision} {c.run.mode}: {'; '.join(c.problems)}" for c in comparisons(runs) if not c.ok
-    ]
+    failed = disagreements(runs, workload.steps)
     assert not failed, "\n".join(failed)
     fallbacks = [f"{r.mode}: {r.summary}" for r in runs if "ran on the CPU" in r.summary]
     assert not fallbacks, fallbacks  # none of these loops has an op without an XLA kernel
