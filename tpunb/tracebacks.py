@@ -11,7 +11,7 @@ IPython's own frames go, and so does a chained exception none of whose frames ar
 exactly as in plain IPython. ``%xmode Verbose`` or ``TPUNB_VERBOSE_ERRORS=1`` shows it all.
 
 Only what is shown changes: the exception, its type, message, traceback and chain, reach
-``sys.last_value``, ``%debug`` and the kernel's reply unchanged; syntax errors, usage errors
+``sys.last_value``, ``%debug`` and the kernel reply's ename and evalue unchanged; syntax errors, usage errors
 and a user's own ``set_custom_exc`` handler are IPython's as before.
 """
 

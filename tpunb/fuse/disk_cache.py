@@ -55,8 +55,8 @@ def rebuild_torn_binaries() -> None:
     interrupted during a background compile) leaves a truncated file behind, and every later
     compile of that code fails with "file too short", in every kernel sharing the cache, for
     good (seen in CI: a fused group ran op by op from then on). Under the same lock Inductor
-    builds under, a binary whose ELF section table runs past its end is removed before the
-    build, so it is built again. Linux only (ELF); idempotent."""
+    builds under, a binary whose ELF headers point past its end is removed before the build,
+    so it is built again. Linux only (ELF); idempotent."""
     if not sys.platform.startswith("linux"):
         return
     from torch._inductor import codecache

@@ -63,7 +63,7 @@ def _lookup(
 
 
 class ReplayError(Exception):
-    """A recorded op failed when its group ran; ``index`` says which, ``args`` what it got."""
+    """A recorded op failed when its group ran; ``index`` says which, ``args_given`` what it got."""
 
     def __init__(self, index: int, error: BaseException, args: Sequence[Any] = ()) -> None:
         super().__init__(str(error))
