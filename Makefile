@@ -51,7 +51,7 @@ TPUNB_SOURCES := pyproject.toml README.md $(shell find tpunb -type f -not -path 
 WHEEL_STAMP := build/wheel/.built
 
 .PHONY: lab test lint test-extension venv node chromium test-xla test-colab test-kaggle \
-	test-torchtpu dist
+	test-torchtpu runtime-venvs dist
 
 venv: $(STAMP)
 
@@ -95,9 +95,17 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		echo "chromium is not installed and this is not root: browser tests will be skipped"
 
+# The runtime venvs are built while the main suite runs: their installs wait on the network
+# and the disk (about 14 GB of wheels), the suite on the CPU. Their log is shown if one fails.
 test: lint test-extension chromium dist
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+	mkdir -p build
+	$(MAKE) runtime-venvs > build/runtime-venvs.log 2>&1 & venvs=$$!; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest; suite=$$?; \
+	wait $$venvs || { tail -n 60 build/runtime-venvs.log; exit 1; }; \
+	exit $$suite
 	$(MAKE) test-xla test-torchtpu
+
+runtime-venvs: .venv-colab/.tpunb-installed .venv-kaggle/.tpunb-installed .venv-torchtpu/.tpunb-installed
 
 # tpunb's wheel, as a user would install it (not editable).
 $(WHEEL_STAMP): $(TPUNB_SOURCES) | $(STAMP)

@@ -25,9 +25,12 @@ def fused_slower(groups: Sequence[FusionGroup]) -> str | None:
     them: what strict mode costs, ``eager_ms``); over every group of the cell that has that
     figure, recording plus running (compiled or op by op) is set against it. Only strict is
     recommended, because only strict was measured; compile mode is left to a measurement.
+
+    A cell whose modules ran compiled whole (hot calls) is not judged by its recorded groups:
+    those were its first steps, recorded while the modules turned hot, and do not come back.
     """
     judged = [g for g in groups if g.eager_ms is not None]
-    if not judged:
+    if not judged or any(g.whole_call for g in groups):
         return None
     capture = sum(g.capture_ms for g in judged)
     run = sum(g.run_ms for g in judged)

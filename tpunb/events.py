@@ -86,6 +86,7 @@ class FusionGroup(Record):
     eager_ms: float | None = None  # its ops run one by one, when it last replayed (strict's cost)
     wait: bool = False  # flushed because the host needed values now (a read, an op that cannot wait)
     at: str | None = None  # the user's line that flushed it: "Cell In[7], line 3"
+    whole_call: bool = False  # a hot module call compiled whole (fuse/hotcalls.py), not recorded ops
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Hot module calls (tpunb/fuse/hotcalls.py): a module called again and again without grad in
 eval mode is compiled whole by Dynamo and Inductor in fused scopes. Generation gives strict's
-tokens with a bounded number of graphs; autograd and train-mode calls stay recorded; adopted
-tensors are released in place and adopted again later."""
+tokens with a bounded number of graphs; the mixed regimes stay recorded (training calls are
+test_fuse_hot_training.py's); adopted tensors are released in place and adopted again later;
+calls Dynamo runs uncompiled say so."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ def prompt(model) -> torch.Tensor:
     return torch.randint(3, model.config.vocab_size, (2, 8))
 
 
-def whole_calls(bus: EventBus) -> list:
-    return [g for g in bus.recent("group") if g.key.endswith("-whole")]
+def whole_calls(bus: EventBus, kind: str = "-whole") -> list:
+    """The records of hot calls of one kind: no-grad ("-whole") or training ("-training")."""
+    return [g for g in bus.recent("group") if g.key.endswith(kind)]
 
 
 @pytest.mark.parametrize(("name", "cache"), [("llama", "static"), ("llama", "dynamic"), ("gpt2", "static")])
@@ -222,3 +224,33 @@ def test_a_module_dynamo_fails_on_is_recorded_from_then_on(monkeypatch):
         assert engine.counts["recorded"] + engine.counts["followed"] > recorded
     for out in outs:
         torch.testing.assert_close(out.materialized() if isinstance(out, DeferredTensor) else out, expected)
+
+
+def test_calls_past_dynamos_recompile_limit_run_uncompiled_and_say_so():
+    """A new batch size every step: past Dynamo's limit of compiled versions (lowered to 2
+    here) a hot training call runs as it is, uncompiled, with strict's answers; its record
+    says so (``eager``, and why), and the cache counts a miss, never a hit."""
+    model, twin = small_model(), small_model()
+    opt, twin_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+
+    def step(m: torch.nn.Module, o: torch.optim.Optimizer, n: int) -> float:
+        loss = m(torch.arange(n * 8.0).reshape(n, 8) / 50).square().mean()
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss.item()
+
+    sizes = range(1, HOT_AFTER + 5)  # the calls after the HOT_AFTER-th are hot
+    with (
+        torch._dynamo.config.patch(recompile_limit=2),
+        engine.scope(FuseOptions(sync_compile=True), adopt=(model, opt)),
+    ):
+        losses = [step(model, opt, n) for n in sizes]
+    assert losses == pytest.approx([step(twin, twin_opt, n) for n in sizes], rel=1e-5)
+    records = whole_calls(bus, "-training")
+    assert [r.status for r in records] == ["miss", "miss", "eager", "eager"], records
+    assert records[-1].miss_reason.startswith("run uncompiled: Dynamo's limit of 2 compiled versions")
+    assert "shape" in records[-1].miss_reason
+    assert engine.stats()["hits"] == 0

@@ -21,7 +21,7 @@ from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
 from tpunb.fuse.settled import SMALL_NUMEL
 
 REPLAY = FuseOptions(compile=False)  # the known path is the same with or without a compile
-COMPILED = FuseOptions(sync_compile=True)
+COMPILED = FuseOptions(sync_compile=True, hot_training=False)  # the recorder's known path, compiled
 
 
 #: Rows enough for a group on them to compile (a tiny one would not: settled.TINY_OPS).

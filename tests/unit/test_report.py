@@ -37,7 +37,9 @@ def test_summary_shows_only_what_is_known_and_non_zero():
     )
 
 
-def group(status: str, capture_ms: float, run_ms: float, eager_ms: float | None, ops: int = 760):
+def group(
+    status: str, capture_ms: float, run_ms: float, eager_ms: float | None, ops: int = 760, whole: bool = False
+):
     return FusionGroup(
         key="k",
         ops=ops,
@@ -51,6 +53,7 @@ def group(status: str, capture_ms: float, run_ms: float, eager_ms: float | None,
         lifted=0,
         capture_ms=capture_ms,
         eager_ms=eager_ms,
+        whole_call=whole,
     )
 
 
@@ -79,6 +82,15 @@ def test_fused_that_pays_or_has_nothing_to_compare_says_nothing():
     assert fused_slower([group("hit", 21.0, 2.0, None) for _ in range(5)]) is None  # never replayed
     assert fused_slower([group("hit", 0.5, 0.1, 0.2, ops=5)]) is None  # too small to notice
     assert fused_slower([group("hit", 5.0, 6.0, 10.0)]) is None  # within SLOWER_BY of op by op
+
+
+def test_recorded_first_steps_of_a_cell_whose_model_turned_hot_are_not_judged():
+    """The steps recorded while a module turned hot do not come back: its later calls run
+    compiled whole, so the recorder's cost on them says nothing about the cell's regime."""
+    warm_up = [group("miss", 21.0, 6.0, 6.0) for _ in range(3)]
+    assert fused_slower(warm_up) is not None
+    hot = [group("hit", 0.0, 2.0, None, ops=0, whole=True) for _ in range(5)]
+    assert fused_slower(warm_up + hot) is None
 
 
 def test_a_reduced_precision_cell_names_its_precision_and_a_strict_one_no_groups():

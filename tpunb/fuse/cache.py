@@ -203,12 +203,13 @@ class GraphCache:
         variant = self._named.get(name)
         return variant.code if variant is not None else None
 
-    def count_whole_call(self, graphs: int, compile_ms: float) -> None:
-        """A hot module call (hotcalls.py): a miss that compiled ``graphs`` graphs, or a hit."""
+    def count_whole_call(self, graphs: int, compile_ms: float, uncompiled: bool) -> None:
+        """A hot module call (hotcalls.py): a miss that compiled ``graphs`` graphs, a miss that
+        ran uncompiled (Dynamo past its recompile limit), or a hit."""
         with self._lock:
             c = self.counters
             c.requests += 1
-            if graphs:
+            if graphs or uncompiled:
                 c.misses += 1
                 c.compiles += graphs
                 c.compile_ms += compile_ms

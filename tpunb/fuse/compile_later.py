@@ -57,16 +57,25 @@ def donated_buffers_off() -> contextlib.AbstractContextManager[Any]:
     )
 
 
+class GraphRuns:
+    """How many times the graphs a Dynamo backend made have run. A hot call during which none
+    ran was run by Dynamo as it is, uncompiled: past its recompile limit (8 versions of one
+    frame), Dynamo runs a call that fits none of them without compiling it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class CompileLater:
     """A Dynamo backend whose graphs compile on ``cache``'s worker under ``name`` (the hot
     call's group key); with ``wait()`` true (``sync_compile``) the call waits for them."""
 
-    def __init__(self, cache: GraphCache, name: str, wait: Callable[[], bool]) -> None:
-        self.cache, self.name, self.wait = cache, name, wait
+    def __init__(self, cache: GraphCache, name: str, wait: Callable[[], bool], runs: GraphRuns) -> None:
+        self.cache, self.name, self.wait, self.runs = cache, name, wait, runs
         self.made: list[CompiledLater] = []
 
     def __call__(self, graph: torch.fx.GraphModule, examples: list[Any]) -> Callable[..., Any]:
-        compiled = CompiledLater(self.cache, self.name, graph, examples, self.wait())
+        compiled = CompiledLater(self.cache, self.name, graph, examples, self.wait(), self.runs)
         self.made.append(compiled)
         return compiled
 
@@ -76,13 +85,30 @@ class CompileLater:
         return any(c.variant.state is VariantState.COMPILING for c in self.made)
 
 
+class CountedGraph:
+    """A compiled graph that counts its runs in ``runs``."""
+
+    def __init__(self, graph: Callable[..., Any], runs: GraphRuns) -> None:
+        self.graph, self.runs = graph, runs
+
+    def __call__(self, *args: Any) -> Any:
+        self.runs.count += 1
+        return self.graph(*args)
+
+
 class CompiledLater:
     """The captured graph until the worker has compiled it, then the compiled code."""
 
     def __init__(
-        self, cache: GraphCache, name: str, graph: torch.fx.GraphModule, examples: list[Any], wait: bool
+        self,
+        cache: GraphCache,
+        name: str,
+        graph: torch.fx.GraphModule,
+        examples: list[Any],
+        wait: bool,
+        runs: GraphRuns,
     ) -> None:
-        self.graph = graph
+        self.graph, self.runs = graph, runs
         self.variant = Variant(lifted={})
         context = torch._guards.TracingContext.try_get()
         graph = copy.deepcopy(graph)  # Inductor rewrites the graph it compiles; this one runs meanwhile
@@ -101,13 +127,15 @@ class CompiledLater:
             cache.compile(name, self.variant, job, wait=False)
 
     def __call__(self, *args: Any) -> Any:
+        self.runs.count += 1
         variant = self.variant
         if variant.state is VariantState.READY:
             return variant.fn(*args)  # type: ignore[misc]
         return self.graph(*args)
 
 
-#: Dynamo leaves the call alone and every frame under it (the captured graph's own code):
+#: Dynamo leaves these calls alone and every frame under them (the captured graph's own code):
 #: otherwise it would look at each for a compile, first taking its compile lock, which the
 #: worker holds for a whole compile (measured: a 3 s step at the first call after capture).
 skip_dynamo_in(CompiledLater.__call__.__code__)
+skip_dynamo_in(CountedGraph.__call__.__code__)

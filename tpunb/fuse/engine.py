@@ -87,8 +87,8 @@ class FuseOptions:
     sync_compile: bool = False  # compile on the first sighting, and wait (benchmarks, tests)
     compile: bool = True  # False: every group replays op by op (isolates recording from Inductor)
     # a module trained again and again is compiled whole, forward and backward (hotcalls.py);
-    # off by default until the tutorials' recorder demonstrations follow it
-    hot_training: bool = False
+    # False: its training calls are recorded op by op, as every op outside module calls is
+    hot_training: bool = True
     max_ops: int = MAX_OPS
 
 

@@ -1,5 +1,6 @@
-"""Hot module calls: a module called again and again without autograd (generation, an
-evaluation loop) is compiled whole, Python included, instead of being recorded op by op.
+"""Hot module calls: a module called again and again in fused scopes (generation, an
+evaluation loop, a training step's forward) is compiled whole, Python included, instead of
+being recorded op by op.
 
 Recording costs the engine's bookkeeping per op (about 15 us here) against 3-4 us for eager
 PyTorch. In a training step that is repaid: forward, backward and the optimizer fuse into
@@ -12,8 +13,9 @@ shape, flag or branch recompiles rather than replaying something else) and Induc
 compiles it, as ``torch.compile`` would.
 
 A module is *hot* on its ``HOT_AFTER``-th outermost call in fused scopes with grad mode off
-and the module in eval mode. Autograd calls stay recorded (their backward and optimizer step
-fuse with them), and so does every call with compiling off. From then on the module's
+and the module in eval mode (inference), or with grad on in train mode (training, below).
+Every call with compiling off stays recorded, and so do the mixes (grad on in eval mode).
+From then on the module's
 ``_compiled_call_impl`` (where ``nn.Module.compile`` puts its compiled call) sends such
 calls through Dynamo, after flushing what is pending and handing it real tensors:
 
@@ -40,14 +42,14 @@ compiled versions per code object, so one shared code object would stop compilin
 model was built a ninth time. Past 8 recompiles of one module (8 input shapes), Dynamo runs
 its calls as they are (with its warning), outside recording, as fast as strict mode.
 
-**Training** (opt-in: ``FuseOptions.hot_training``, ``%tpu_mode fused --hot-training``): a
-module called with grad in train mode turns hot the same way, but at the next optimizer step
-(``turn_hot``), when no autograd graph holds its adopted parameters any more; its calls then
-compile through ``compile_later.py``: the captured graph runs at once while the compile
-worker compiles forward and backward, and the compiled code is swapped in when ready. The
-loop around it (a batch drawn, the loss, ``backward()``, an optimizer over its now plain
-parameters) runs as eager PyTorch. Gradients reaching its compiled backward are made plain
-(``plain_gradients``).
+**Training** (on unless ``FuseOptions.hot_training`` is off: ``%tpu_mode fused
+--no-hot-training``): a module called with grad in train mode turns hot the same way, but at
+the next optimizer step (``turn_hot``), when no autograd graph holds its adopted parameters
+any more; its calls then compile through ``compile_later.py``: the captured graph runs at
+once while the compile worker compiles forward and backward, and the compiled code is
+swapped in when ready. The loop around it (a batch drawn, the loss, ``backward()``, an
+optimizer over its now plain parameters) runs as eager PyTorch. Gradients reaching its
+compiled backward are made plain (``plain_gradients``).
 
 The first hot call compiles synchronously, as compile mode does (seconds; Dynamo compiles
 on the calling thread). A graph Inductor fails to compile runs as Dynamo captured it, op by
@@ -75,10 +77,11 @@ from torch.utils._python_dispatch import _disable_current_modes, _get_current_di
 
 from tpunb.events import FusionGroup
 from tpunb.fuse.adopt import release_tensor
-from tpunb.fuse.compile_later import CompileLater
+from tpunb.fuse.compile_later import CompileLater, CountedGraph, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.graph import inductor_compile
 from tpunb.fuse.settled import mark
+from tpunb.source import locate
 
 if TYPE_CHECKING:
     from tpunb.fuse.engine import FusionEngine
@@ -230,9 +233,17 @@ class HotCall:
         self.engine = engine
         self.module_ref = weakref.ref(module)
         self.name = type(module).__name__
-        self.later = CompileLater(engine.cache, f"{self.name}-training", lambda: engine.options.sync_compile)
+        self.runs = GraphRuns()
+        self.later = CompileLater(
+            engine.cache, f"{self.name}-training", lambda: engine.options.sync_compile, self.runs
+        )
+        runs = self.runs
+
+        def inductor_counted(graph: torch.fx.GraphModule, examples: list[Any]) -> Callable[..., Any]:
+            return CountedGraph(inductor_or_eager(graph, examples), runs)
+
         self.compiled = {
-            INFERENCE: torch.compile(calling(module._call_impl), backend=inductor_or_eager),
+            INFERENCE: torch.compile(calling(module._call_impl), backend=inductor_counted),
             # static shapes: the worker compiles after Dynamo has installed its guards, so
             # the compile must not add shape guards of its own
             TRAINING: torch.compile(calling(module._call_impl), backend=self.later, dynamic=False),
@@ -270,7 +281,7 @@ class HotCall:
                 self.tensors = [*module.parameters(), *module.buffers()]
             seen: set[int] = set()
             args, kwargs = plain_values(engine, args, seen), plain_values(engine, kwargs, seen)
-        graphs = counters["stats"]["unique_graphs"]
+        graphs, runs = counters["stats"]["unique_graphs"], self.runs.count
         with engine.hot.hooks.lifted(), _disable_current_modes():
             try:
                 out = self.compiled[now](*args, **kwargs)
@@ -288,8 +299,11 @@ class HotCall:
                 )
                 raise
         compiled = counters["stats"]["unique_graphs"] - graphs
-        engine.cache.count_whole_call(compiled, (time.perf_counter() - started) * 1000 if compiled else 0.0)
-        self._publish(started, compiled, now)
+        uncompiled = self.runs.count == runs  # Dynamo ran it as it is (past its recompile limit)
+        engine.cache.count_whole_call(
+            compiled, (time.perf_counter() - started) * 1000 if compiled else 0.0, uncompiled
+        )
+        self._publish(started, compiled, now, uncompiled)
         if engine.hot._depth == 0 and not engine.trace.ops:
             engine.modes.step_aside(engine)  # the loop around it runs as eager PyTorch: aside.py
         if now == TRAINING:
@@ -297,8 +311,9 @@ class HotCall:
         return mark(out)  # and if it is recorded again, it works on these: settled.py
 
     def _why(self, compiled: int, now: str) -> str:
-        """What made Dynamo compile: its last failed guard on this call's code, in words (a
-        shape that changed, a flag), or that it was the first call."""
+        """What made Dynamo compile, or run the call uncompiled: its last failed guard on this
+        call's code, in words (a shape that changed, a flag), or that it was the first call."""
+        from torch._dynamo import config
         from torch._dynamo.utils import guard_failures
 
         from tpunb.cellcompile import explain_guard
@@ -306,16 +321,27 @@ class HotCall:
         code = getattr(self.compiled[now], "__wrapped__", None)
         failed = guard_failures.get(getattr(code, "__code__", None), [])
         reason = explain_guard(failed[-1]) if failed else "its first call compiled"
-        return f"Dynamo compiled {compiled} graph(s): {reason}"
+        if compiled:
+            return f"Dynamo compiled {compiled} graph(s): {reason}"
+        return (
+            f"run uncompiled: Dynamo's limit of {config.recompile_limit} compiled versions was reached "
+            f"and this call fits none of them ({reason})"
+        )
 
-    def _publish(self, started: float, compiled: int, now: str) -> None:
+    def _publish(self, started: float, compiled: int, now: str, uncompiled: bool) -> None:
         publish = self.engine._publish
         if publish is None:
             return
         run_ms = (time.perf_counter() - started) * 1000
         training = now == TRAINING
         kind = "training" if training else "no-grad"
-        status = "miss" if compiled else "compiling" if training and self.later.compiling else "hit"
+        where = locate()  # the user's line that called the module
+        if compiled:
+            status = "miss"
+        elif uncompiled:
+            status = "eager"
+        else:
+            status = "compiling" if training and self.later.compiling else "hit"
         publish(
             FusionGroup(
                 key=f"{self.name}-{'training' if training else 'whole'}",
@@ -323,12 +349,14 @@ class HotCall:
                 top_ops={},
                 input_shapes=[],
                 trigger=f"{self.name} call, compiled whole (a hot {kind} call)",
-                source=f"{self.name}.forward",
+                source=str(where) if where else f"{self.name}.forward",
                 status=status,
                 compile_ms=run_ms if compiled and not training else None,
                 run_ms=run_ms,
                 lifted=0,
-                miss_reason=self._why(compiled, now) if compiled else None,
+                miss_reason=self._why(compiled, now) if compiled or uncompiled else None,
+                whole_call=True,
+                at=where.label if where else None,
             )
         )
 

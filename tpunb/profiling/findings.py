@@ -119,14 +119,20 @@ def recompiles(seen: Observed) -> list[Finding]:
     found = []
     for (line, _), groups in _shape_storms(seen).items():
         seconds = sum(g.run_ms / 1000 + compile_s.get(g.key, 0.0) for g in groups)
+        what = (
+            f"{line}, a module's calls compiled whole, met {len(groups)} new shape(s): Dynamo compiles "
+            "each, and runs the calls uncompiled past its limit of versions"
+            if groups[0].whole_call
+            else f"the group recorded at {line} met {len(groups)} new shape(s): each is a new graph "
+            "to compile, run op by op until it is"
+        )
         found.append(
             Finding(
                 kind="recompile",
-                message=f"the group recorded at {line} met {len(groups)} new shape(s): each is a new graph "
-                "to compile, run op by op until it is",
+                message=what,
                 seconds=seconds,
                 evidence=f"what changed, last time: {groups[-1].miss_reason}; "
-                f"{seconds * 1000:.0f} ms compiling and running them op by op meanwhile",
+                f"{seconds * 1000:.0f} ms in those calls and their compiles",
                 fix="pad or bucket the inputs to a few fixed shapes (pad batches to the longest, "
                 "or to a multiple of 8 or 128), or drop the last ragged batch (drop_last=True)",
                 at=line,
@@ -169,7 +175,11 @@ def host_syncs(seen: Observed) -> list[Finding]:
 
 def capture(seen: Observed) -> list[Finding]:
     """Recording ops (fused mode's cost per op, before anything runs) took longer than running
-    the groups: compile mode traces the cell once instead of recording every op every time."""
+    the groups: compile mode traces the cell once instead of recording every op every time.
+    Not where modules ran compiled whole: what was recorded then were their first calls, which
+    do not come back (advice.py says why)."""
+    if any(g.whole_call for g in seen.groups):
+        return []
     groups = [g for g in seen.groups if g.ops]
     captured = sum(g.capture_ms for g in groups) / 1000
     ran = sum(g.run_ms for g in groups) / 1000
