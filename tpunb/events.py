@@ -66,6 +66,10 @@ class CellRun(Record):
     storm: str | None = None  # compile mode: the recompile storm stopped in the cell
 
 
+#: The end of a hot optimizer step's group key, after the optimizer's class (fuse/hotsteps.py).
+OPTIMIZER_STEP_SUFFIX = "-step"
+
+
 @dataclass(frozen=True)
 class FusionGroup(Record):
     """One flushed group of recorded ops (the fused engine's unit of work)."""
@@ -86,7 +90,13 @@ class FusionGroup(Record):
     eager_ms: float | None = None  # its ops run one by one, when it last replayed (strict's cost)
     wait: bool = False  # flushed because the host needed values now (a read, an op that cannot wait)
     at: str | None = None  # the user's line that flushed it: "Cell In[7], line 3"
-    whole_call: bool = False  # a hot module call compiled whole (fuse/hotcalls.py), not recorded ops
+    # a hot module call or optimizer step compiled whole (fuse/hotcalls.py, hotsteps.py), not recorded ops
+    whole_call: bool = False
+
+    @property
+    def optimizer_step(self) -> bool:
+        """Whether this is a hot optimizer step's record (keyed ``AdamW-step``)."""
+        return self.whole_call and self.key.endswith(OPTIMIZER_STEP_SUFFIX)
 
 
 @dataclass(frozen=True)

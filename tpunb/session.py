@@ -41,8 +41,9 @@ from tpunb.runtimes import (
     create_runtime,
 )
 
-#: How many fusion-group records ``stats()`` returns.
-STATS_GROUPS = 50
+#: How many fusion-group records ``stats()`` returns (a hot training step makes two: its model
+#: call and its optimizer step).
+STATS_GROUPS = 100
 
 
 class Session:

@@ -28,24 +28,30 @@ def step(m, o):
 
 def test_a_training_cell_compiles_its_model_whole_once_hot(kernel):
     """The default: the model's first calls are recorded; from its 3rd, at the optimizer step,
-    it is hot and its calls run compiled whole, forward and backward (fuse/hotcalls.py)."""
+    it is hot and its calls run compiled whole, forward and backward (fuse/hotcalls.py), and
+    from the 5th the optimizer's steps too (fuse/hotsteps.py)."""
     assert kernel.run(SETUP).error is None
     result = kernel.run("%%tpu_mode fused --sync-compile\nlosses = [step(model, opt) for _ in range(8)]")
     assert result.error is None, result.error
     assert "fused is slower" not in result.stdout  # the recorded first steps do not come back
     whole = [g for g in kernel.value("tpunb.stats()['groups']") if g["whole_call"]]
-    assert [g["status"] for g in whole] == ["miss"] + ["hit"] * 4, whole
-    assert all(g["key"] == "Sequential-training" for g in whole)
+    calls = [g for g in whole if g["key"] == "Sequential-training"]
+    steps = [g for g in whole if g["key"] == "AdamW-step"]
+    assert len(calls) + len(steps) == len(whole), whole
+    assert [g["status"] for g in calls] == ["miss"] + ["hit"] * 4, calls
     assert all(
-        g["source"].endswith("loss = torch.nn.functional.cross_entropy(m(data), labels)") for g in whole
+        g["source"].endswith("loss = torch.nn.functional.cross_entropy(m(data), labels)") for g in calls
     )
+    assert [g["status"] for g in steps] == ["miss"] + ["hit"] * 3, steps
+    assert all(g["source"].endswith("o.step()") for g in steps)
     assert kernel.value("losses") == pytest.approx(
         kernel.value("[step(twin, twin_opt) for _ in range(8)]"), rel=1e-5
     )
     same = "all(torch.allclose(a, b, atol=1e-6) for a, b in zip(model.parameters(), twin.parameters()))"
     assert kernel.value(same) is True
     again = kernel.run("%%tpu_mode fused\nlosses = [step(model, opt) for _ in range(8)]")
-    assert again.error is None and re.search(r"· 8 groups · cache 8 hit / 0 miss$", again.stdout, re.M), (
+    # each step: the model's call and the optimizer's step, both from the cache
+    assert again.error is None and re.search(r"· 16 groups · cache 16 hit / 0 miss$", again.stdout, re.M), (
         again.stdout
     )
 

@@ -229,7 +229,8 @@ def test_a_module_dynamo_fails_on_is_recorded_from_then_on(monkeypatch):
 def test_calls_past_dynamos_recompile_limit_run_uncompiled_and_say_so():
     """A new batch size every step: past Dynamo's limit of compiled versions (lowered to 2
     here) a hot training call runs as it is, uncompiled, with strict's answers; its record
-    says so (``eager``, and why), and the cache counts a miss, never a hit."""
+    says so (``eager``, and why), and the cache counts a miss, never a hit (its hits are the
+    optimizer's steps: hotsteps.py)."""
     model, twin = small_model(), small_model()
     opt, twin_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
     bus = EventBus()
@@ -253,4 +254,5 @@ def test_calls_past_dynamos_recompile_limit_run_uncompiled_and_say_so():
     assert [r.status for r in records] == ["miss", "miss", "eager", "eager"], records
     assert records[-1].miss_reason.startswith("run uncompiled: Dynamo's limit of 2 compiled versions")
     assert "shape" in records[-1].miss_reason
-    assert engine.stats()["hits"] == 0
+    step_hits = [r for r in whole_calls(bus, "-step") if r.status == "hit"]  # the SGD steps compile
+    assert engine.stats()["hits"] == len(step_hits)  # the training calls never hit

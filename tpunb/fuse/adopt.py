@@ -117,6 +117,7 @@ class Adoption:
         # param groups switched to foreach in this scope, with their own foreach and fused settings
         self._switched: list[tuple[dict[str, Any], bool | None, bool | None]] = []
         self._active = False
+        self._step_hook: Any = None  # the optimizer step pre-hook, while a scope is active
 
     def adopt(self, objects: tuple[Any, ...]) -> int:
         """Adopt ``objects`` (modules, optimizers, tensors); returns how many tensors were swapped."""
@@ -137,17 +138,31 @@ class Adoption:
         self._active = True
         for optimizer in list(self.optimizers):
             self._use_foreach(optimizer)
-        hook = register_optimizer_step_pre_hook(self._on_step)
+        outer, self._step_hook = self._step_hook, register_optimizer_step_pre_hook(self._on_step)
         try:
             yield
         finally:
             self._active = False
-            hook.remove()
+            self._step_hook.remove()
+            self._step_hook = outer
             for group, foreach, fused in self._switched:
                 group["foreach"] = foreach
                 if fused is not None:
                     group["fused"] = fused
             self._switched = []
+
+    @contextlib.contextmanager
+    def step_hook_lifted(self) -> Iterator[None]:
+        """Without the optimizer step pre-hook for the duration (a hot optimizer step: Dynamo
+        would trace it); it comes back after."""
+        if self._step_hook is None:
+            yield
+            return
+        self._step_hook.remove()
+        try:
+            yield
+        finally:
+            self._step_hook = register_optimizer_step_pre_hook(self._on_step)
 
     def on_module_call(self, module: torch.nn.Module) -> None:
         """Called for every module call in a fused scope (the engine's global module hook)."""
@@ -172,8 +187,9 @@ class Adoption:
             # its parameters are plain: their module's calls are compiled whole (hotcalls.py),
             # its gradients came from autograd as they are. The step runs as eager PyTorch,
             # on plain state, outside recording (an update recorded per parameter would cost
-            # a flush per write into a plain parameter).
-            self.release((optimizer,))
+            # a flush per write into a plain parameter); stepped again, compiled (hotsteps.py).
+            self.release_stepping(optimizer)
+            engine.hot_steps.on_plain_step(optimizer)
             if not engine.trace.ops:
                 engine.modes.step_aside(engine)
             return
@@ -189,6 +205,28 @@ class Adoption:
             engine.flush(f"adopting a new {type(obj).__name__}")
         with engine.interrupts, _disable_current_modes():
             self.adopt((obj,))
+
+    def release_stepping(self, optimizer: torch.optim.Optimizer) -> None:
+        """For a step over plain parameters (their module's calls are compiled whole): the
+        optimizer's adopted state becomes plain again, and its groups get their own settings
+        back, so it steps as strict mode does, eagerly or compiled (hotsteps.py)."""
+        if optimizer in self.optimizers:
+            self.release((optimizer,))
+            self._own_settings(optimizer)
+
+    def _own_settings(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer``'s groups back to their own foreach and fused settings (``_use_foreach``
+        is for recorded steps). Compiled, the foreach form would also specialise the learning
+        rate (a float argument of a foreach op), recompiling at every new value."""
+        kept = []
+        for group, foreach, fused in self._switched:
+            if any(group is own for own in optimizer.param_groups):
+                group["foreach"] = foreach
+                if fused is not None:
+                    group["fused"] = fused
+            else:
+                kept.append((group, foreach, fused))
+        self._switched = kept
 
     def _use_foreach(self, optimizer: torch.optim.Optimizer) -> None:
         """In fused scopes an optimizer left to choose (``foreach=None``) or set to its fused

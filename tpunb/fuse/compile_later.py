@@ -111,14 +111,24 @@ class CompiledLater:
         self.graph, self.runs = graph, runs
         self.variant = Variant(lifted={})
         context = torch._guards.TracingContext.try_get()
-        graph = copy.deepcopy(graph)  # Inductor rewrites the graph it compiles; this one runs meanwhile
+        graph = copy_sharing_tensors(
+            graph
+        )  # Inductor rewrites the graph it compiles; this one runs meanwhile
+        # grad mode is per thread: the worker's is on, and a graph captured without grad (an
+        # optimizer's step) would compile as a training graph, with autograd's wrapper per call
+        grad = torch.is_grad_enabled()
 
         def job() -> Callable[..., Any]:
             from torch._inductor import config
             from torch._inductor.compile_fx import compile_fx
 
             rebuild_torn_binaries()
-            with torch._guards.tracing(context), config.patch(fallback_random=True), autograd_as_eager():
+            with (
+                torch._guards.tracing(context),
+                torch.set_grad_enabled(grad),
+                config.patch(fallback_random=True),
+                autograd_as_eager(),
+            ):
                 return compile_fx(graph, examples)
 
         if wait:  # inside Dynamo's compile, which holds the lock the worker would wait for
@@ -132,6 +142,21 @@ class CompiledLater:
         if variant.state is VariantState.READY:
             return variant.fn(*args)  # type: ignore[misc]
         return self.graph(*args)
+
+
+def copy_sharing_tensors(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A deep copy of ``graph`` whose tensor attributes are the same tensors, not copies: an
+    optimizer's graph holds its parameters and state as attributes (``get_attr``) and updates
+    them in place, so a compiled copy of copies would update tensors nobody reads."""
+    memo: dict[int, Any] = {}
+    for node in graph.graph.nodes:
+        if node.op == "get_attr":
+            value: Any = graph
+            for name in node.target.split("."):
+                value = getattr(value, name)
+            if isinstance(value, torch.Tensor):
+                memo[id(value)] = value
+    return copy.deepcopy(graph, memo)
 
 
 #: Dynamo leaves these calls alone and every frame under them (the captured graph's own code):

@@ -66,6 +66,7 @@ from tpunb.fuse.errors import (
 from tpunb.fuse.graph import ReplayError, build_graph, inductor_compile, replay
 from tpunb.fuse.growing import GrowingInputs
 from tpunb.fuse.hotcalls import HotCalls
+from tpunb.fuse.hotsteps import HotSteps
 from tpunb.fuse.interrupts import InterruptGuard
 from tpunb.fuse.meta import MetaCache, NotDeferrable
 from tpunb.fuse.ops import OpFacts, facts, facts_by_id
@@ -125,6 +126,7 @@ class FusionEngine:
         self.growing = GrowingInputs()
         self.adoption = Adoption(self)
         self.hot = HotCalls(self)
+        self.hot_steps = HotSteps(self)
         self.modes = ModeStack()
         self.interrupts = InterruptGuard()
 

@@ -252,12 +252,11 @@ class HotCall:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module_ref()  # alive: it is the module being called
-        mode = _get_current_dispatch_mode()
         now = regime(module)
         options = self.engine.options
         if (
             now is None
-            or (getattr(mode, "engine", None) is not self.engine and not self.engine.modes.stepped_aside)
+            or not in_fused_scope(self.engine)
             or not options.compile
             or (now == TRAINING and not options.hot_training)
         ):
@@ -300,65 +299,97 @@ class HotCall:
                 raise
         compiled = counters["stats"]["unique_graphs"] - graphs
         uncompiled = self.runs.count == runs  # Dynamo ran it as it is (past its recompile limit)
-        engine.cache.count_whole_call(
-            compiled, (time.perf_counter() - started) * 1000 if compiled else 0.0, uncompiled
+        training = now == TRAINING
+        code = getattr(self.compiled[now], "__wrapped__", None)
+        publish_whole_call(
+            engine,
+            key=f"{self.name}-{'training' if training else 'whole'}",
+            trigger=f"{self.name} call, compiled whole (a hot {'training' if training else 'no-grad'} call)",
+            started=started,
+            compiled=compiled,
+            uncompiled=uncompiled,
+            compiling=training and self.later.compiling,
+            miss_reason=why_compiled(compiled, code) if compiled or uncompiled else None,
+            compile_in_call=not training,
         )
-        self._publish(started, compiled, now, uncompiled)
         if engine.hot._depth == 0 and not engine.trace.ops:
             engine.modes.step_aside(engine)  # the loop around it runs as eager PyTorch: aside.py
         if now == TRAINING:
             plain_gradients(engine, out)
         return mark(out)  # and if it is recorded again, it works on these: settled.py
 
-    def _why(self, compiled: int, now: str) -> str:
-        """What made Dynamo compile, or run the call uncompiled: its last failed guard on this
-        call's code, in words (a shape that changed, a flag), or that it was the first call."""
-        from torch._dynamo import config
-        from torch._dynamo.utils import guard_failures
 
-        from tpunb.cellcompile import explain_guard
+def in_fused_scope(engine: FusionEngine) -> bool:
+    """Whether ops issued now belong to ``engine``'s fused scope: its mode on top of the
+    stack, or stepped aside between hot calls (aside.py)."""
+    return getattr(_get_current_dispatch_mode(), "engine", None) is engine or engine.modes.stepped_aside
 
-        code = getattr(self.compiled[now], "__wrapped__", None)
-        failed = guard_failures.get(getattr(code, "__code__", None), [])
-        reason = explain_guard(failed[-1]) if failed else "its first call compiled"
-        if compiled:
-            return f"Dynamo compiled {compiled} graph(s): {reason}"
-        return (
-            f"run uncompiled: Dynamo's limit of {config.recompile_limit} compiled versions was reached "
-            f"and this call fits none of them ({reason})"
+
+def why_compiled(compiled: int, code: Any) -> str:
+    """What made Dynamo compile ``compiled`` graphs for a call of ``code`` (a hot call's
+    frame), or run it uncompiled: its last failed guard on that code, in words (a shape that
+    changed, a flag), or that it was the first call."""
+    from torch._dynamo import config
+    from torch._dynamo.utils import guard_failures
+
+    from tpunb.cellcompile import explain_guard
+
+    failed = guard_failures.get(getattr(code, "__code__", None), [])
+    reason = explain_guard(failed[-1]) if failed else "its first call compiled"
+    if compiled:
+        return f"Dynamo compiled {compiled} graph(s): {reason}"
+    return (
+        f"run uncompiled: Dynamo's limit of {config.recompile_limit} compiled versions was reached "
+        f"and this call fits none of them ({reason})"
+    )
+
+
+def publish_whole_call(
+    engine: FusionEngine,
+    *,
+    key: str,
+    trigger: str,
+    started: float,
+    compiled: int,
+    uncompiled: bool,
+    compiling: bool,
+    miss_reason: str | None,
+    compile_in_call: bool = False,
+) -> None:
+    """Count a call compiled whole (a hot module call, a hot optimizer step) in the cache's
+    counters and publish its group record, at the user's line that made it: a miss when
+    Dynamo compiled a graph during it, ``eager`` when Dynamo ran it uncompiled, ``compiling``
+    while its graph runs as captured, a hit otherwise. ``compile_in_call``: the compile ran
+    inside the call (Inductor at once, not on the worker), so its time is the call's."""
+    run_ms = (time.perf_counter() - started) * 1000
+    engine.cache.count_whole_call(compiled, run_ms if compiled else 0.0, uncompiled)
+    publish = engine._publish
+    if publish is None:
+        return
+    where = locate()
+    if compiled:
+        status = "miss"
+    elif uncompiled:
+        status = "eager"
+    else:
+        status = "compiling" if compiling else "hit"
+    publish(
+        FusionGroup(
+            key=key,
+            ops=0,
+            top_ops={},
+            input_shapes=[],
+            trigger=trigger,
+            source=str(where) if where else key,
+            status=status,
+            compile_ms=run_ms if compiled and compile_in_call else None,
+            run_ms=run_ms,
+            lifted=0,
+            miss_reason=miss_reason,
+            whole_call=True,
+            at=where.label if where else None,
         )
-
-    def _publish(self, started: float, compiled: int, now: str, uncompiled: bool) -> None:
-        publish = self.engine._publish
-        if publish is None:
-            return
-        run_ms = (time.perf_counter() - started) * 1000
-        training = now == TRAINING
-        kind = "training" if training else "no-grad"
-        where = locate()  # the user's line that called the module
-        if compiled:
-            status = "miss"
-        elif uncompiled:
-            status = "eager"
-        else:
-            status = "compiling" if training and self.later.compiling else "hit"
-        publish(
-            FusionGroup(
-                key=f"{self.name}-{'training' if training else 'whole'}",
-                ops=0,
-                top_ops={},
-                input_shapes=[],
-                trigger=f"{self.name} call, compiled whole (a hot {kind} call)",
-                source=str(where) if where else f"{self.name}.forward",
-                status=status,
-                compile_ms=run_ms if compiled and not training else None,
-                run_ms=run_ms,
-                lifted=0,
-                miss_reason=self._why(compiled, now) if compiled or uncompiled else None,
-                whole_call=True,
-                at=where.label if where else None,
-            )
-        )
+    )
 
 
 def calling(call_impl: Callable[..., Any]) -> Callable[..., Any]:

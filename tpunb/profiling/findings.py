@@ -109,7 +109,8 @@ def _shape_storms(seen: Observed) -> dict[tuple[str, int], list[FusionGroup]]:
     group), where there were at least ``REPEATED_SHAPES`` of them."""
     by_step: dict[tuple[str, int], list[FusionGroup]] = defaultdict(list)
     for group in seen.groups:
-        if group.miss_reason is not None and group.status != "hit":
+        # (an optimizer's hot step recompiles once per hyperparameter a schedule changes: not a shape)
+        if group.miss_reason is not None and group.status != "hit" and not group.optimizer_step:
             by_step[(group.source, group.ops)].append(group)
     return {step: groups for step, groups in by_step.items() if len(groups) >= REPEATED_SHAPES}
 

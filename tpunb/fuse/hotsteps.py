@@ -1,0 +1,228 @@
+"""Hot optimizer steps: an optimizer stepped again and again over a hot module's parameters
+runs its ``step()`` compiled whole, as PyTorch's compiled-optimizer recipe does
+(``torch.compile(optimizer.step)``).
+
+Once a module's training calls are compiled whole (hotcalls.py) its parameters are plain
+tensors, and an optimizer over them steps as eager PyTorch (adopt.py): a dozen small ops per
+parameter for Adam, each a Python call, more than the compiled forward and backward cost on
+the small models notebooks train. Compiled, the whole update is a few fused kernels.
+
+An optimizer is *hot* from its ``HOT_STEPS_AFTER``-th eager step over plain parameters in
+fused scopes: its ``step`` attribute (where ``torch.optim.lr_scheduler`` already puts its own
+wrapper) becomes a ``HotStep`` around the step it had. In a fused scope, called without a
+closure, a hot step runs that step through Dynamo, with the engine's hooks lifted (Dynamo would
+trace them), and everything inside it traced as it is: the scheduler's wrapper, the step's
+pre- and post-hooks, ``_init_group``. Elsewhere, with a closure (Lightning's, LBFGS's), or
+with pending values, it is the step it wrapped.
+
+The hyperparameters a schedule or the user changes every step (``lr``, ``betas``,
+``weight_decay`` as Python floats in the param groups) become graph inputs: Dynamo specialises
+a float the first time and makes it an input once it has changed, so a schedule costs one
+recompile per hyperparameter that changes, never one per step (measured: 3 graphs for 12
+steps of StepLR with hand-set betas; with ``dynamic=False`` Dynamo recompiled every step).
+The groups stay as the user wrote them (floats, not tensors).
+
+Like a hot training call, the captured graph runs at once and the compile worker compiles it
+(compile_later.py); its record is a group row keyed ``AdamW-step`` (``whole_call``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from tpunb.events import OPTIMIZER_STEP_SUFFIX
+from tpunb.fuse.compile_later import CompileLater, GraphRuns
+from tpunb.fuse.deferred import DeferredTensor
+from tpunb.fuse.hotcalls import calling, in_fused_scope, publish_whole_call, why_compiled
+
+if TYPE_CHECKING:
+    from tpunb.fuse.engine import FusionEngine
+
+#: Eager steps over plain parameters in fused scopes after which an optimizer's step is compiled.
+HOT_STEPS_AFTER = 2
+
+
+class HotSteps:
+    """Counts each optimizer's eager steps over plain parameters and makes the hot ones
+    ``HotStep``s."""
+
+    def __init__(self, engine: FusionEngine) -> None:
+        self.engine = engine
+        self._steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
+        self._refused: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+
+    def on_plain_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """An eager step of ``optimizer`` over plain parameters in a fused scope is starting
+        (adopt.py's step pre-hook); from the ``HOT_STEPS_AFTER``-th, its next step is hot."""
+        if not self._eligible(optimizer):
+            return
+        steps = self._steps.get(optimizer, 0) + 1
+        self._steps[optimizer] = steps
+        if steps >= HOT_STEPS_AFTER:
+            optimizer.step = HotStep(self.engine, optimizer)  # type: ignore[method-assign]
+
+    def refuse(self, optimizer: torch.optim.Optimizer, step: HotStep) -> None:
+        """Never compile ``optimizer``'s step again: Dynamo failed on it, or ran it uncompiled
+        (its limit of compiled versions of the class's step is per process: 8 optimizers)."""
+        if optimizer.__dict__.get("step") is step:
+            optimizer.step = step.previous  # type: ignore[method-assign]
+        self._refused.add(optimizer)
+
+    def _eligible(self, optimizer: torch.optim.Optimizer) -> bool:
+        """A stepped-again optimizer that is not compiled already, whose groups Dynamo traces
+        as PyTorch's recipe does: not differentiable, not the fused kernels."""
+        options = self.engine.options
+        return (
+            options.compile
+            and options.hot_training
+            and not isinstance(optimizer.__dict__.get("step"), HotStep)
+            and optimizer not in self._refused
+            and all(not g.get("differentiable") and not g.get("fused") for g in optimizer.param_groups)
+        )
+
+
+class HotStep:
+    """An optimizer's ``step`` once hot: compiled whole in fused scopes, the step it wrapped
+    elsewhere. An LR scheduler made after it wraps the optimizer's own step (``__func__``),
+    and this one is installed again at a later step."""
+
+    def __init__(self, engine: FusionEngine, optimizer: torch.optim.Optimizer) -> None:
+        self.engine = engine
+        self.optimizer_ref = weakref.ref(optimizer)
+        self.previous = optimizer.step
+        self.name = type(optimizer).__name__
+        self.runs = GraphRuns()
+        self.later = CompileLater(
+            engine.cache, self.name + OPTIMIZER_STEP_SUFFIX, lambda: engine.options.sync_compile, self.runs
+        )
+        # dynamic=None: a float that changes (a scheduled lr) becomes an input after one recompile
+        self.compiled = torch.compile(calling(self.previous), backend=self.later)
+
+    @property
+    def __func__(self) -> Any:
+        """What ``torch.optim.lr_scheduler`` wraps when it is made after this: the class's step."""
+        optimizer = self.optimizer_ref()
+        return type(optimizer).step
+
+    def __getattr__(self, name: str) -> Any:
+        """``_wrapped_by_lr_sched``, where a scheduler's wrapper is inside: a new scheduler
+        then does not wrap again, and schedulers find their wrapper still there."""
+        if name == "_wrapped_by_lr_sched":
+            return getattr(self.previous, name)
+        raise AttributeError(name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        optimizer = self.optimizer_ref()
+        engine, options = self.engine, self.engine.options
+        closure = args[0] if args else kwargs.get("closure")
+        if (
+            optimizer is None
+            or closure is not None
+            or len(args) + len(kwargs) > 1
+            or (kwargs and "closure" not in kwargs)
+            or not in_fused_scope(engine)
+            or not (options.compile and options.hot_training)
+            or engine.trace.ops
+            or not self._made_plain(optimizer)
+        ):
+            return self.previous(*args, **kwargs)
+        return self._run_compiled(optimizer)
+
+    def _made_plain(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether the step can run compiled: its parameters plain (their module is hot), and
+        its state plain or made so (a fused cell adopts the notebook's optimizers as it starts)."""
+        if not plain_parameters(optimizer):
+            return False
+        self.engine.adoption.release_stepping(optimizer)
+        return plain_state(optimizer)
+
+    def _run_compiled(self, optimizer: torch.optim.Optimizer) -> Any:
+        from torch._dynamo.exc import InternalTorchDynamoError, TorchRuntimeError
+        from torch._dynamo.utils import counters
+
+        engine = self.engine
+        started = time.perf_counter()
+        engine.hot.turn_hot()  # what the step pre-hook does first; it is lifted for the call
+        graphs, runs = counters["stats"]["unique_graphs"], self.runs.count
+        with (
+            engine.hot.hooks.lifted(),
+            engine.adoption.step_hook_lifted(),
+            _disable_current_modes(),
+            profiler_notice_hidden(),
+        ):
+            try:
+                out = self.compiled()
+            except TorchRuntimeError:
+                return self.previous()  # the user's own error, raised where it belongs
+            except InternalTorchDynamoError as error:
+                engine.hot_steps.refuse(optimizer, self)
+                warnings.warn(
+                    f"tpunb fused: Dynamo failed on {self.name}.step() ({error}); it steps as eager "
+                    "PyTorch from now on",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return self.previous()
+        compiled = counters["stats"]["unique_graphs"] - graphs
+        uncompiled = self.runs.count == runs
+        if uncompiled:  # Dynamo's limit of versions of the step's code (per optimizer class) is spent
+            engine.hot_steps.refuse(optimizer, self)
+        code = getattr(self.compiled, "__wrapped__", None)
+        publish_whole_call(
+            engine,
+            key=self.name + OPTIMIZER_STEP_SUFFIX,
+            trigger=f"{self.name}.step(), compiled whole (a hot optimizer step)",
+            started=started,
+            compiled=compiled,
+            uncompiled=uncompiled,
+            compiling=self.later.compiling,
+            miss_reason=why_compiled(compiled, code) if compiled or uncompiled else None,
+        )
+        if not engine.trace.ops:
+            engine.modes.step_aside(engine)
+        return out
+
+
+def plain_parameters(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer's parameters and gradients are plain tensors (not tpunb's)."""
+    return all(
+        type(param) is not DeferredTensor and type(param.grad) is not DeferredTensor
+        for group in optimizer.param_groups
+        for param in group["params"]
+    )
+
+
+def plain_state(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer's state tensors are plain (not tpunb's)."""
+    return not any(
+        type(value) is DeferredTensor for state in optimizer.state.values() for value in state.values()
+    )
+
+
+class _DropProfilerNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Profiler record function" not in record.getMessage()
+
+
+_PROFILER_NOTICE = _DropProfilerNotice()
+
+
+@contextlib.contextmanager
+def profiler_notice_hidden() -> Iterator[None]:
+    """Dynamo logs, once, that it ignores ``Optimizer.step``'s ``record_function`` (torch's own
+    wrapper, not the user's code): noise in the user's cell."""
+    logger = logging.getLogger("torch._dynamo.variables.ctx_manager")
+    logger.addFilter(_PROFILER_NOTICE)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_PROFILER_NOTICE)
