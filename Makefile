@@ -96,10 +96,11 @@ chromium:
 		echo "chromium is not installed and this is not root: browser tests will be skipped"
 
 # The runtime venvs are built while the main suite runs: their installs wait on the network
-# and the disk (about 14 GB of wheels), the suite on the CPU. Their log is shown if one fails.
+# and the disk (about 14 GB of wheels), the suite on the CPU, which the builds leave to it
+# (nice). Their log is shown if one fails.
 test: lint test-extension chromium dist
 	mkdir -p build
-	$(MAKE) runtime-venvs > build/runtime-venvs.log 2>&1 & venvs=$$!; \
+	nice -n 19 $(MAKE) runtime-venvs > build/runtime-venvs.log 2>&1 & venvs=$$!; \
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest; suite=$$?; \
 	wait $$venvs || { tail -n 60 build/runtime-venvs.log; exit 1; }; \
 	exit $$suite

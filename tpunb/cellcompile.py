@@ -145,6 +145,8 @@ def explain_guard(reason: str) -> str:
     text = reason.split(": ", 1)[-1] if re.match(r"^\d+/\d+: ", reason) else reason
     text = text.split("  # ", 1)[0].strip()  # Dynamo appends the guarded line as a comment
     text = re.sub(r"\b(?:L|G)\['(.+?)'\]", r"\1", text)  # the frame's locals and globals by name
+    if text.startswith("BACKEND_MATCH"):
+        return "compiled before with another compiler (yours, or a fused cell's for a compiled step)"
     match = _SIZE_MISMATCH.search(text)
     if match is None:
         return _short(text)

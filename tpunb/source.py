@@ -11,6 +11,7 @@ import linecache
 import os
 import sys
 import sysconfig
+import weakref
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
@@ -111,10 +112,24 @@ def location_of(filename: str, lineno: int) -> SourceLocation:
     )
 
 
+#: Each code object's labelled lines, made once: a hot call or a flush names its user's line
+#: at every step, and labelling it (IPython's cell name, linecache) costs more than finding it.
+_locations: weakref.WeakKeyDictionary[CodeType, dict[int, SourceLocation]] = weakref.WeakKeyDictionary()
+
+
 def locate(frame: FrameType | None = None) -> SourceLocation | None:
     """The user's location for the current call stack (or from ``frame`` outward)."""
     found = user_frame(frame if frame is not None else sys._getframe(1))
-    return location_of(found.f_code.co_filename, found.f_lineno) if found is not None else None
+    if found is None:
+        return None
+    code, lineno = found.f_code, found.f_lineno
+    lines = _locations.get(code)
+    if lines is None:
+        lines = _locations[code] = {}
+    where = lines.get(lineno)
+    if where is None:
+        where = lines[lineno] = location_of(code.co_filename, lineno)
+    return where
 
 
 def running_cell_number(shell: object) -> int:

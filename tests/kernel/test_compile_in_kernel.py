@@ -133,3 +133,20 @@ def test_a_recompile_storm_in_a_called_frame_is_stopped_and_named(kernel):
     assert "model = tpunb.compile(model)" in result.stdout
     # stopped for that cell only: Dynamo's recompile limit is its default again
     assert kernel.value("torch._dynamo.config.recompile_limit") == 8
+
+
+def test_a_compile_cell_after_fused_training_trains_on_from_there(kernel):
+    """A fused cell leaves the model's calls and the optimizer's steps compiled whole (hot); a
+    compile cell then trains on with strict's numbers, and its summary says in words why frames
+    compiled for fused mode compile again."""
+    assert kernel.run(SETUP).error is None
+    fused = LOOP.format(header="%%tpu_mode fused --sync-compile", losses="losses", model="model", opt="opt")
+    result = kernel.run(fused.replace("range(3)", "range(8)"))
+    assert result.error is None, result.error
+    assert kernel.value("type(opt.step).__name__") == "HotStep"
+    compiled = kernel.run(LOOP.format(header="%%tpu_mode compile", losses="more", model="model", opt="opt"))
+    assert compiled.error is None, compiled.error
+    assert "BACKEND_MATCH" not in compiled.stdout, compiled.stdout
+    assert kernel.run(STRICT_TWIN.replace("range(3)", "range(11)")).error is None
+    got = kernel.value("[float(x) for x in losses + more]")
+    assert got == pytest.approx(kernel.value("[float(x) for x in twin_losses]"), rel=1e-5)

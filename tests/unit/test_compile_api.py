@@ -19,6 +19,10 @@ def test_guard_failures_read_as_words():
         "batch.shape[1] changed 8 → 9"
     )
     assert explain_guard("0/1: ___check_obj_id(lr, 1234)") == "___check_obj_id(lr, 1234)"
+    backend = (
+        "0/0: BACKEND_MATCH failure: torch.compile detected different backend callables. Cached backend: x"
+    )
+    assert explain_guard(backend).startswith("compiled before with another compiler")
 
 
 def test_compiled_functions_report_graphs_and_recompiles():

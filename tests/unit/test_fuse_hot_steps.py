@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -171,3 +173,23 @@ def test_state_loaded_into_a_hot_optimizer_is_the_state_it_updates():
         return losses
 
     assert train(FusionEngine(torch.device("cpu"))) == pytest.approx(train(None), rel=1e-5)
+
+
+def test_an_optimizer_that_is_gone_leaves_no_tensor_behind():
+    """Dynamo keeps a compiled step's backend for the rest of the process; the graphs it made
+    hold the optimizer's parameters and state, and are let go with the optimizer."""
+
+    def trained() -> tuple[weakref.ref, weakref.ref]:
+        model, optimizer = make()
+        engine = FusionEngine(torch.device("cpu"))
+        with engine.scope(SYNC, adopt=(model, optimizer)):
+            for index in range(FIRST_COMPILED_STEP + 2):
+                step(model, optimizer, index)
+        assert isinstance(optimizer.step, HotStep)
+        state = next(iter(optimizer.state.values()))["exp_avg"]
+        return weakref.ref(next(model.parameters())), weakref.ref(state)
+
+    parameter, state = trained()
+    gc.collect()  # the optimizer goes, and its step's graphs are let go (a finalizer)
+    gc.collect()  # and then what they held
+    assert parameter() is None and state() is None

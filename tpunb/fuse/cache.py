@@ -21,6 +21,7 @@ import enum
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -87,7 +88,9 @@ class GraphCache:
         self._worker = CompileWorker()
         self._on_compiled = on_compiled
         self._warnings: list[str] = []
-        self._named: dict[str, Variant] = {}
+        # weakly: a hot call's or hot step's variant lives as long as its Dynamo cache entry,
+        # and its compiled code holds what its graph held (an optimizer's parameters and state)
+        self._named: weakref.WeakValueDictionary[str, Variant] = weakref.WeakValueDictionary()
         self._families: dict[int, int] = {}
         self._last_of_family: dict[int, GroupKey] = {}
         self.counters = CacheCounters()

@@ -79,6 +79,14 @@ class CompileLater:
         self.made.append(compiled)
         return compiled
 
+    def release(self) -> None:
+        """Let go of the graphs it made, and of the tensors they hold: for an optimizer that is
+        gone (hotsteps.py), whose step's graphs hold its parameters and state as attributes,
+        while Dynamo keeps this backend with its cache entries for the rest of the process."""
+        for compiled in self.made:
+            compiled.release()
+        self.made = []
+
     @property
     def compiling(self) -> bool:
         """Whether a graph it made still waits for (or is in) its compile."""
@@ -108,7 +116,8 @@ class CompiledLater:
         wait: bool,
         runs: GraphRuns,
     ) -> None:
-        self.graph, self.runs = graph, runs
+        self.graph: torch.fx.GraphModule | None = graph
+        self.runs = runs
         self.variant = Variant(lifted={})
         context = torch._guards.TracingContext.try_get()
         graph = copy_sharing_tensors(
@@ -141,7 +150,16 @@ class CompiledLater:
         variant = self.variant
         if variant.state is VariantState.READY:
             return variant.fn(*args)  # type: ignore[misc]
+        if self.graph is None:
+            raise RuntimeError(
+                "tpunb fused: a compiled step of an optimizer that no longer exists was called"
+            )
         return self.graph(*args)
+
+    def release(self) -> None:
+        """Drop the graph and the compiled code (``CompileLater.release``)."""
+        self.graph = None
+        self.variant = Variant(lifted={}, state=VariantState.FAILED)
 
 
 def copy_sharing_tensors(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:

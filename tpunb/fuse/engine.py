@@ -17,9 +17,10 @@ Per op (``dispatch``), one of three things happens:
   groups aligned with the user's steps. Views of the user's plain tensors (a DataLoader
   indexing its dataset) also run as they are: they are metadata only.
 
-Above ops, a module called again and again without grad in eval mode (a decode step, an
-evaluation batch) stops being recorded: hotcalls.py compiles its call whole with Dynamo, and
-the loop around it runs with the engine's mode off the stack until it is needed (aside.py).
+Above ops, a module called again and again (a decode step, an evaluation batch, a training
+step's forward) stops being recorded: hotcalls.py compiles its call whole with Dynamo, an
+optimizer stepping its parameters has its step compiled whole too (hotsteps.py), and the loop
+around them runs with the engine's mode off the stack until it is needed (aside.py).
 
 ``flush`` turns the trace into a group: key it (from the end of its known sequence when it
 followed one), replay it until it is compiled (the worker compiles it when it comes back:

@@ -47,9 +47,10 @@ its calls as they are (with its warning), outside recording, as fast as strict m
 the next optimizer step (``turn_hot``), when no autograd graph holds its adopted parameters
 any more; its calls then compile through ``compile_later.py``: the captured graph runs at
 once while the compile worker compiles forward and backward, and the compiled code is
-swapped in when ready. The loop around it (a batch drawn, the loss, ``backward()``, an
-optimizer over its now plain parameters) runs as eager PyTorch. Gradients reaching its
-compiled backward are made plain (``plain_gradients``).
+swapped in when ready. The loop around it (a batch drawn, the loss, ``backward()``) runs as
+eager PyTorch, and an optimizer over its now plain parameters steps eagerly, then compiled
+whole (hotsteps.py). Gradients reaching its compiled backward are made plain
+(``plain_gradients``).
 
 The first hot call compiles synchronously, as compile mode does (seconds; Dynamo compiles
 on the calling thread). A graph Inductor fails to compile runs as Dynamo captured it, op by
@@ -157,17 +158,20 @@ class HotCalls:
         self.warming = False
 
     def _before(self, module: torch.nn.Module) -> None:
-        self.engine.modes.resume()  # its ops are recorded (aside.py)
-        self.engine.adoption.on_module_call(module)
-        if self._depth == 0 and self._eligible(module):
-            calls = self._calls.get(module, 0) + 1
-            self._calls[module] = calls
-            self.warming = self.engine.trace.warming = True
-            if calls >= HOT_AFTER and regime(module) == TRAINING:
-                self._turning.add(module)  # at the next optimizer step: turn_hot
-            elif calls >= HOT_AFTER:
-                module._compiled_call_impl = HotCall(self.engine, module)
-        self._depth += 1
+        # (an interrupt waits for the hooks: one between counting and the depth's update would
+        # leave the depth off for good, and no module would turn hot again: interrupts.py)
+        with self.engine.interrupts:
+            self.engine.modes.resume()  # its ops are recorded (aside.py)
+            self.engine.adoption.on_module_call(module)
+            if self._depth == 0 and self._eligible(module):
+                calls = self._calls.get(module, 0) + 1
+                self._calls[module] = calls
+                self.warming = self.engine.trace.warming = True
+                if calls >= HOT_AFTER and regime(module) == TRAINING:
+                    self._turning.add(module)  # at the next optimizer step: turn_hot
+                elif calls >= HOT_AFTER:
+                    module._compiled_call_impl = HotCall(self.engine, module)
+            self._depth += 1
 
     def turn_hot(self) -> None:
         """Make the modules that became hot for training hot calls, now that no autograd graph
@@ -188,9 +192,10 @@ class HotCalls:
         self._turning.clear()
 
     def _after(self, module: torch.nn.Module) -> None:
-        self._depth = max(0, self._depth - 1)
-        if self._depth == 0:
-            self.warming = False
+        with self.engine.interrupts:
+            self._depth = max(0, self._depth - 1)
+            if self._depth == 0:
+                self.warming = False
 
     def refuse(self, module: torch.nn.Module) -> None:
         """Never compile ``module`` whole again (Dynamo failed on it): its calls are recorded."""

@@ -104,8 +104,15 @@ class HotStep:
         self.later = CompileLater(
             engine.cache, self.name + OPTIMIZER_STEP_SUFFIX, lambda: engine.options.sync_compile, self.runs
         )
+        # The compiled function must not hold the optimizer (Dynamo keeps it for the process):
+        # a bound step is compiled as its function, the optimizer passed in; a scheduler's
+        # wrapper holds it weakly. Once the optimizer is gone, so are its step's graphs,
+        # which hold its parameters and state.
+        self._pass_optimizer = getattr(self.previous, "__self__", None) is optimizer
+        step = self.previous.__func__ if self._pass_optimizer else self.previous
         # dynamic=None: a float that changes (a scheduled lr) becomes an input after one recompile
-        self.compiled = torch.compile(calling(self.previous), backend=self.later)
+        self.compiled = torch.compile(calling(step), backend=self.later)
+        weakref.finalize(optimizer, self.later.release)
 
     @property
     def __func__(self) -> Any:
@@ -160,7 +167,7 @@ class HotStep:
             profiler_notice_hidden(),
         ):
             try:
-                out = self.compiled()
+                out = self.compiled(optimizer) if self._pass_optimizer else self.compiled()
             except TorchRuntimeError:
                 return self.previous()  # the user's own error, raised where it belongs
             except InternalTorchDynamoError as error:
