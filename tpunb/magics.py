@@ -78,12 +78,10 @@ class TpuMagics(Magics):
         "while a background thread compiles it).",
     )
     @argument(
-        "--no-hot-training",
-        dest="hot_training",
-        action="store_false",
-        help="fused mode: record the training calls of a module trained again and again op by op "
-        "(default: compile them whole, forward and backward, and run the loop around them as "
-        "eager PyTorch).",
+        "--hot-training",
+        action="store_true",
+        help="fused mode: compile a module trained again and again whole, forward and backward, "
+        "and run the loop around it as eager PyTorch (default: record its calls).",
     )
     @line_cell_magic
     def tpu_mode(self, line: str, cell: str | None = None) -> Any:

@@ -25,17 +25,12 @@ from typing import Protocol
 
 from benchmarks.workloads.catalog import Workload
 
-#: The modes a workload runs in, in order; "fused" runs cold, then "fused-warm"; "fused-recorded"
-#: is fused mode with its training calls recorded op by op (``--no-hot-training``), cold then
-#: warm. Compile mode before fused: a compile cell first waits for fused groups still compiling
-#: in the background.
-MODES = ("strict", "compile", "fused", "fused-warm", "fused-recorded", "fused-recorded-warm", "debug")
+#: The modes a workload runs in, in order; "fused" runs cold, then "fused-warm"; "fused-hot" is
+#: fused mode with hot training calls (``--hot-training``), cold then warm. Compile mode before
+#: fused: a compile cell first waits for fused groups still compiling in the background.
+MODES = ("strict", "compile", "fused", "fused-warm", "fused-hot", "fused-hot-warm", "debug")
 #: The cell magic's arguments for each mode.
-MAGIC = {
-    "fused-warm": "fused",
-    "fused-recorded": "fused --no-hot-training",
-    "fused-recorded-warm": "fused --no-hot-training",
-}
+MAGIC = {"fused-warm": "fused", "fused-hot": "fused --hot-training", "fused-hot-warm": "fused --hot-training"}
 #: Before a warm run: the background compiles of the cold run finish.
 WARM_UP = "_tpunb.runtime().wait_for_background_compiles()"
 PRECISIONS = ("fp32", "bf16")

@@ -68,8 +68,8 @@ def test_a_fused_training_cell_shows_its_report_and_saves_a_trace(profiled, tmp_
     assert "Top ops (self time)" in shown["text/plain"] and "<table>" in shown["text/html"]
     assert "data:image/png;base64," in shown["text/html"]  # the timeline
     top_ops = last(profiled, "top_ops")
-    # (a cold cell's: Dynamo capturing the model that turned hot, the step that waited for it)
     assert 1 <= len(top_ops) <= 5 and all(op["calls"] >= 1 for op in top_ops)
+    assert any(op["name"].startswith("aten::") for op in top_ops), top_ops
     costs = [op["host_ms"] + (op["device_ms"] or 0) for op in top_ops]
     assert costs == sorted(costs, reverse=True)
     groups = last(profiled, "groups")
@@ -83,12 +83,12 @@ def test_a_fused_training_cell_shows_its_report_and_saves_a_trace(profiled, tmp_
     assert profiled.value("tpunb.current_mode()") == "strict"  # --mode was for this cell only
 
 
-#: Where each kind of step's recompiles are found: a hot model's calls (the default) at the
-#: line that calls the model; the recorder's groups where each step's first op is recorded,
-#: the batch drawn in step().
+#: Where each kind of step's recompiles are found: a hot model's calls (``--hot-training``)
+#: at the line that calls the model; the recorder's groups (the default) where each step's
+#: first op is recorded, the batch drawn in step().
 STORM_LINES = {
-    "": r"loss = torch\.nn\.functional\.cross_entropy\(model\(x\), y\)",
-    " --no-hot-training": r"x, y = torch\.randn\(n, 256\), .*",
+    " --hot-training": r"loss = torch\.nn\.functional\.cross_entropy\(model\(x\), y\)",
+    "": r"x, y = torch\.randn\(n, 256\), .*",
 }
 
 
@@ -110,12 +110,12 @@ def test_ragged_batches_are_a_recompile_finding_at_the_step_line(profiled, optio
 
 
 def test_an_item_every_step_is_a_host_sync_finding_at_its_line(profiled):
-    """The recorder's steps (``--no-hot-training``): each ``.item()`` waits for a group. (A new
-    model: the last one is hot from the tests above, its parameters no longer adopted.)"""
-    warm = "%%tpu_mode fused --sync-compile --no-hot-training\nfor _ in range(3):\n    step().item()"
+    """The recorder's steps: each ``.item()`` waits for a group. (A new model: the last one is
+    hot from the tests above, its parameters no longer adopted.)"""
+    warm = "%%tpu_mode fused --sync-compile\nfor _ in range(3):\n    step().item()"
     assert profiled.run(MLP).error is None
     assert profiled.run(warm).error is None
-    assert profiled.run("%tpu_mode fused --no-hot-training").error is None
+    assert profiled.run("%tpu_mode fused").error is None
     cell = "%%tpu_profile\nlosses = []\nfor _ in range(12):\n    losses.append(step().item())"
     result = profiled.run(cell)
     assert profiled.run("%tpu_mode strict").error is None
@@ -133,10 +133,10 @@ def test_an_item_every_step_is_a_host_sync_finding_at_its_line(profiled):
 
 
 def test_a_fused_loop_of_tiny_ops_is_a_capture_finding(profiled):
-    """The recorder's steps (``--no-hot-training``): recording tiny ops costs more than running them."""
-    warm = "%%tpu_mode fused --sync-compile --no-hot-training\nfor _ in range(3):\n    tiny_step().item()"
+    """The recorder's steps: recording tiny ops costs more than running them."""
+    warm = "%%tpu_mode fused --sync-compile\nfor _ in range(3):\n    tiny_step().item()"
     assert profiled.run(warm).error is None
-    assert profiled.run("%tpu_mode fused --no-hot-training").error is None
+    assert profiled.run("%tpu_mode fused").error is None
     result = profiled.run("%%tpu_profile\nfor _ in range(10):\n    tiny_step().item()")
     assert profiled.run("%tpu_mode strict").error is None
     assert result.error is None, result.error

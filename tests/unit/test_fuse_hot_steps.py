@@ -24,7 +24,7 @@ from tpunb.fuse import FuseOptions, FusionEngine
 from tpunb.fuse.hotcalls import HOT_AFTER
 from tpunb.fuse.hotsteps import HOT_STEPS_AFTER, HotStep
 
-SYNC = FuseOptions(sync_compile=True)
+SYNC = FuseOptions(sync_compile=True, hot_training=True)
 #: The first step (from 0) whose optimizer step runs compiled: the module is hot from its
 #: HOT_AFTER-th call's optimizer step, whose eager step is the optimizer's first over plain
 #: parameters, and the step after its HOT_STEPS_AFTER-th such step is compiled.

@@ -273,3 +273,19 @@ def test_the_loop_around_a_hot_training_call_runs_outside_recording() -> None:
             plain_step(model, optimizer, step)
         assert engine.counts["recorded"] + engine.counts["followed"] == before
     assert recorded > 0
+
+
+def test_a_first_hot_call_dynamo_does_not_compile_is_recorded_from_then_on() -> None:
+    """Where Dynamo runs a module's first hot call without compiling anything (torch 2.8 skips
+    every frame under a Python dispatch mode; here ``set_stance("force_eager")`` does the
+    same), the module's calls are recorded from then on, with one warning, and still give
+    strict's answers."""
+    make, step_fn = CASES["dropout"]
+    strict = run(make, step_fn, None)
+    engine = FusionEngine(torch.device("cpu"))
+    with torch.compiler.set_stance("force_eager"), pytest.warns(RuntimeWarning, match="without compiling"):
+        fused = run(make, step_fn, engine)
+    assert_same_training(strict, fused)
+    model = fused[0]
+    assert model._compiled_call_impl is None  # recorded, never hot again
+    assert engine.counts["recorded"] + engine.counts["followed"] > 0

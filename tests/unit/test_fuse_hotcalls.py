@@ -246,7 +246,7 @@ def test_calls_past_dynamos_recompile_limit_run_uncompiled_and_say_so():
     sizes = range(1, HOT_AFTER + 5)  # the calls after the HOT_AFTER-th are hot
     with (
         torch._dynamo.config.patch(recompile_limit=2),
-        engine.scope(FuseOptions(sync_compile=True), adopt=(model, opt)),
+        engine.scope(FuseOptions(sync_compile=True, hot_training=True), adopt=(model, opt)),
     ):
         losses = [step(model, opt, n) for n in sizes]
     assert losses == pytest.approx([step(twin, twin_opt, n) for n in sizes], rel=1e-5)

@@ -88,9 +88,10 @@ MAX_OPS = 1000
 class FuseOptions:
     sync_compile: bool = False  # compile on the first sighting, and wait (benchmarks, tests)
     compile: bool = True  # False: every group replays op by op (isolates recording from Inductor)
-    # a module trained again and again is compiled whole, forward and backward (hotcalls.py);
-    # False: its training calls are recorded op by op, as every op outside module calls is
-    hot_training: bool = True
+    # a module trained again and again is compiled whole, forward and backward (hotcalls.py),
+    # and the optimizer stepping it too (hotsteps.py); off by default until it passes the
+    # tutorials: a LoRA fine-tune's compiled backward met tpunb's wrappers (README)
+    hot_training: bool = False
     max_ops: int = MAX_OPS
 
 

@@ -254,6 +254,7 @@ class HotCall:
             TRAINING: torch.compile(calling(module._call_impl), backend=self.later, dynamic=False),
         }
         self.tensors = [*module.parameters(), *module.buffers()]
+        self.called: set[str] = set()  # the regimes it has run compiled in
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module_ref()  # alive: it is the module being called
@@ -304,6 +305,9 @@ class HotCall:
                 raise
         compiled = counters["stats"]["unique_graphs"] - graphs
         uncompiled = self.runs.count == runs  # Dynamo ran it as it is (past its recompile limit)
+        if uncompiled and not compiled and now not in self.called:
+            self._refused_at_first_call(module)
+        self.called.add(now)
         training = now == TRAINING
         code = getattr(self.compiled[now], "__wrapped__", None)
         publish_whole_call(
@@ -322,6 +326,19 @@ class HotCall:
         if now == TRAINING:
             plain_gradients(engine, out)
         return mark(out)  # and if it is recorded again, it works on these: settled.py
+
+    def _refused_at_first_call(self, module: torch.nn.Module) -> None:
+        """Dynamo ran the first call as it is, compiling nothing: this torch's Dynamo does not
+        compile here at all (torch 2.8 skips every frame while a Python dispatch mode is on the
+        stack, aside or not), so the module's calls are recorded from now on, as with hot
+        calls off, rather than run uncompiled for good."""
+        self.engine.hot.refuse(module)
+        warnings.warn(
+            f"tpunb fused: Dynamo ran {self.name}'s call without compiling it (this PyTorch skips "
+            f"frames under tpunb's dispatch mode); its calls are recorded from now on",
+            RuntimeWarning,
+            stacklevel=5,  # the user's call of the module
+        )
 
 
 def in_fused_scope(engine: FusionEngine) -> bool:
