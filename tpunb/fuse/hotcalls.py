@@ -349,15 +349,19 @@ def in_fused_scope(engine: FusionEngine) -> bool:
 
 def why_compiled(compiled: int, code: Any) -> str:
     """What made Dynamo compile ``compiled`` graphs for a call of ``code`` (a hot call's
-    frame), or run it uncompiled: its last failed guard on that code, in words (a shape that
-    changed, a flag), or that it was the first call."""
+    frame), or run it uncompiled: a failed guard on that code, in words (a shape that changed,
+    a flag), or that it was the first call. Dynamo records one failure per version it checked:
+    of the last call's, a changed shape explains it best (the version it failed may differ
+    in something else too, such as the mode stack of the cell that compiled it)."""
     from torch._dynamo import config
     from torch._dynamo.utils import guard_failures
 
     from tpunb.cellcompile import explain_guard
 
-    failed = guard_failures.get(getattr(code, "__code__", None), [])
-    reason = explain_guard(failed[-1]) if failed else "its first call compiled"
+    failed = [explain_guard(f) for f in guard_failures.get(getattr(code, "__code__", None), [])]
+    recent = failed[-config.recompile_limit :]
+    reason = next((r for r in reversed(recent) if ".shape[" in r), recent[-1] if recent else None)
+    reason = reason or "its first call compiled"
     if compiled:
         return f"Dynamo compiled {compiled} graph(s): {reason}"
     return (

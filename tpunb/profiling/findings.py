@@ -115,6 +115,14 @@ def _shape_storms(seen: Observed) -> dict[tuple[str, int], list[FusionGroup]]:
     return {step: groups for step, groups in by_step.items() if len(groups) >= REPEATED_SHAPES}
 
 
+def _last_shape_change(groups: list[FusionGroup]) -> str | None:
+    """The last miss of a storm that a shape explains (a miss can also name a float or a
+    flag that changed with it), else its last miss's reason."""
+    return next(
+        (g.miss_reason for g in reversed(groups) if "shape" in (g.miss_reason or "")), groups[-1].miss_reason
+    )
+
+
 def recompiles(seen: Observed) -> list[Finding]:
     compile_s = _compile_seconds(seen)
     found = []
@@ -132,7 +140,7 @@ def recompiles(seen: Observed) -> list[Finding]:
                 kind="recompile",
                 message=what,
                 seconds=seconds,
-                evidence=f"what changed, last time: {groups[-1].miss_reason}; "
+                evidence=f"what changed, last time: {_last_shape_change(groups)}; "
                 f"{seconds * 1000:.0f} ms in those calls and their compiles",
                 fix="pad or bucket the inputs to a few fixed shapes (pad batches to the longest, "
                 "or to a multiple of 8 or 128), or drop the last ragged batch (drop_last=True)",
