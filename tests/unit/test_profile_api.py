@@ -31,8 +31,12 @@ def test_a_strict_block_gives_top_ops_a_trace_and_a_text_report(tmp_path):
         for _ in range(4):
             b = (a @ a).relu()
     assert report.done and report.mode == "strict" and report.error is None
-    assert [op["name"] for op in report.top_ops][:1] == ["aten::mm"], report.top_ops
-    assert report.top_ops[0]["calls"] == 4 and report.top_ops[0]["shapes"] == [[WIDTH, WIDTH], [WIDTH, WIDTH]]
+    # (mm is usually first, but its rank against relu is the machine's: a busy CPU swapped them)
+    mm = next((op for op in report.top_ops if op["name"] == "aten::mm"), None)
+    assert mm is not None, report.top_ops
+    assert mm["calls"] == 4 and mm["shapes"] == [[WIDTH, WIDTH], [WIDTH, WIDTH]]
+    costs = [op["host_ms"] + (op["device_ms"] or 0) for op in report.top_ops]
+    assert costs == sorted(costs, reverse=True)
     assert len(report.top_ops) == 3 and b.shape == (WIDTH, WIDTH)
     trace = json.loads(Path(report.trace_path).read_text())
     assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
