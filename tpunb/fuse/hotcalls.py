@@ -42,8 +42,8 @@ compiled versions per code object, so one shared code object would stop compilin
 model was built a ninth time. Past 8 recompiles of one module (8 input shapes), Dynamo runs
 its calls as they are (with its warning), outside recording, as fast as strict mode.
 
-**Training** (on unless ``FuseOptions.hot_training`` is off: ``%tpu_mode fused
---no-hot-training``): a module called with grad in train mode turns hot the same way, but at
+**Training** (opt-in: ``FuseOptions.hot_training``, ``%tpu_mode fused --hot-training``): a
+module called with grad in train mode turns hot the same way, but at
 the next optimizer step (``turn_hot``), when no autograd graph holds its adopted parameters
 any more; its calls then compile through ``compile_later.py``: the captured graph runs at
 once while the compile worker compiles forward and backward, and the compiled code is
