@@ -17,6 +17,7 @@ import ast
 import contextlib
 import functools
 import hashlib
+import os
 import re
 import time
 import warnings
@@ -26,6 +27,7 @@ from typing import Any
 
 from tpunb.events import CompiledCell
 from tpunb.recompiles import STORM_RECOMPILES, StormStopper, describe_frame, failure_counts, frame_recompiles
+from tpunb.script_reuse import ScriptCode
 
 #: Counters whose change says what a run compiled: (group, name) in torch._dynamo's counters.
 _COUNTED = {
@@ -140,6 +142,9 @@ _SIZE_MISMATCH = re.compile(
 )
 
 
+_IDENTITY_GUARD = re.compile(r"^___check_(?P<kind>type|obj)_id\((?P<name>[^,]+), \d+\)")
+
+
 def explain_guard(reason: str) -> str:
     """Dynamo's guard failure in words: ``x.shape[0] changed 64 → 17``."""
     text = reason.split(": ", 1)[-1] if re.match(r"^\d+/\d+: ", reason) else reason
@@ -147,6 +152,14 @@ def explain_guard(reason: str) -> str:
     text = re.sub(r"\b(?:L|G)\['(.+?)'\]", r"\1", text)  # the frame's locals and globals by name
     if text.startswith("BACKEND_MATCH"):
         return "compiled before with another compiler (yours, or a fused cell's for a compiled step)"
+    if text.startswith("KeyError on __builtins_dict__"):
+        return "its module's globals are a new namespace (a script run again with %run)"
+    identity = _IDENTITY_GUARD.match(text)
+    if identity is not None:
+        name = identity["name"]
+        if identity["kind"] == "type":
+            return f"{name}'s class is not the one it was compiled for (a re-run script defines it anew)"
+        return f"{name} is not the object it was compiled for (its identity is guarded)"
     match = _SIZE_MISMATCH.search(text)
     if match is None:
         return _short(text)
@@ -157,13 +170,29 @@ def explain_guard(reason: str) -> str:
 def _new_breaks(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     """The breaks between two ``_breaks()`` counts, by short reason; resume functions beyond the
     breaks with reasons count as breaks without one."""
-    new = {
-        _short(reason): count - before.get(reason, 0)
-        for reason, count in after.items()
-        if reason != RESUMED and count > before.get(reason, 0)
-    }
+    new: dict[str, int] = {}
+    for reason, count in after.items():
+        if reason != RESUMED and count > before.get(reason, 0):
+            words = break_in_words(reason)
+            new[words] = new.get(words, 0) + count - before.get(reason, 0)
     unexplained = after[RESUMED] - before.get(RESUMED, 0) - sum(new.values())
     return {**new, UNEXPLAINED_BREAK: unexplained} if unexplained > 0 else new
+
+
+#: Breaks whose cause Dynamo's reason names only from the inside, in the user's terms.
+MAGIC_BREAK = "a %magic or !shell line (IPython runs it as plain Python, outside the graph)"
+OPTIMIZER_BREAK = "a torch._dynamo.graph_break() call (torch.optim's step() makes two per step)"
+_IPYTHON_FILE = re.compile(r"file `[^`]*[/\\]IPython[/\\]")
+
+
+def break_in_words(reason: str) -> str:
+    """A graph break's reason as the user would say it: the magic line, the optimizer step,
+    else Dynamo's own explanation."""
+    if _IPYTHON_FILE.search(reason):
+        return MAGIC_BREAK
+    if "User-inserted graph break. Message: None" in reason:
+        return OPTIMIZER_BREAK
+    return _short(reason)
 
 
 def _short(reason: str) -> str:
@@ -296,6 +325,7 @@ class CellCompiler:
         self._wait = wait
         self._compiled: dict[str, tuple[Callable[[], Any], Callable[[], Any], list[str]]] = {}
         self.storms = StormWatch()
+        self._scripts = ScriptCode()
 
     def run(
         self, tree: ast.Module, source: str, filename: str, namespace: dict[str, Any], cell: int | None
@@ -317,7 +347,8 @@ class CellCompiler:
         error: BaseException | None = None
         try:
             try:
-                with stopper.watching():
+                _skip_ipython()
+                with stopper.watching(), self._scripts.serving(_ipython()):
                     return compiled()
             except TorchRuntimeError:
                 # The cell's own error, met while tracing (shapes, dtypes): run it as Python to
@@ -333,6 +364,25 @@ class CellCompiler:
             record = watch.record(cell, key, error, stormed=stopper.stopped)
             self._publish(record)
             self.storms.observe(key, record, f"cell In[{cell}]")
+
+
+def _ipython() -> Any:
+    """The running IPython shell, or None outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def _skip_ipython() -> None:
+    """Dynamo runs IPython's own code (a ``%run`` or ``%time`` line of the cell) as Python
+    rather than tracing into it: tracing it compiles nothing useful and warns about
+    ``sys._getframe``. The frames the magic runs (a ``%run`` script's) are still compiled."""
+    from torch._dynamo import trace_rules
+
+    if not any(skipped.rstrip(os.sep).endswith(os.sep + "IPython") for skipped in trace_rules.SKIP_DIRS):
+        trace_rules.add("IPython")
 
 
 def compile_callable(

@@ -9,12 +9,16 @@ step, seconds each. Measured: HF ``Trainer.train()`` in a compile cell spent 42 
 recompiling resume functions of ``_maybe_log_save_evaluate`` (guards ``global_step == 1``,
 ``logs['loss'] == 6.055...``) and Adam's ``lr == 0.001``.
 
-``StormStopper`` counts Dynamo's recompiles per frame while a cell runs (Dynamo's
-compile-start callback names each compile ``frame/attempt``); once a frame has recompiled
-``STORM_RECOMPILES`` times it lowers Dynamo's ``recompile_limit`` to that for the rest of the
-cell: code Dynamo compiled already still runs compiled when its guards pass, and a frame that
-would recompile again runs as plain Python instead (Dynamo's own behaviour at its limit, 8 by
-default). PyTorch's ``eager_on_recompile`` stance means the same, but Dynamo reads a stance
+``StormStopper`` watches Dynamo's recompiles while a cell runs (Dynamo's compile-start
+callback names each compile ``frame/attempt``). A frame is storming once it recompiles
+because the same guard failed again with another value (``lr == 0.1``, then ``lr == 0.05``:
+a value that changes every step; shapes that change become dynamic after one recompile, so a
+shape guard failing again means the same), or once it has recompiled ``STORM_RECOMPILES``
+times for any reasons. Each recompile costs seconds (3 s a graph, cold, on a 2-core CPU), so
+the stopper then lowers Dynamo's ``recompile_limit`` to the storming frame's versions for the
+rest of the cell: code Dynamo compiled already still runs compiled when its guards pass, and a
+frame that would recompile again runs as plain Python instead (Dynamo's own behaviour at its
+limit, 8 by default). PyTorch's ``eager_on_recompile`` stance means the same, but Dynamo reads a stance
 when a compiled function is entered, so it cannot change inside the running cell. The limit
 the user had is back after the cell (Dynamo's config is per thread: this is the notebook's).
 ``frame_recompiles`` names the frames and their last failed guard afterwards.
@@ -34,6 +38,7 @@ from typing import Any, ClassVar
 #: (and recompiles of one cell across runs after which tpunb warns: cellcompile.StormWatch).
 STORM_RECOMPILES = 4
 _COMPILE_ID = re.compile(r"(\d+)/(\d+)")
+_ANY_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<name>.+)_at_(?P<line>\d+)$")
 
 
@@ -53,8 +58,18 @@ def frame_recompiles(before: dict[CodeType, int]) -> list[tuple[CodeType, int, s
     for code, reasons in list(guard_failures.items()):
         new = len(reasons) - before.get(code, 0)
         if new > 0:
-            changed.append((code, new, reasons[-1]))
+            changed.append((code, new, _telling_guard(reasons, len(reasons) - new)))
     return sorted(changed, key=lambda item: -item[1])
+
+
+def _telling_guard(reasons: list[str], start: int) -> str:
+    """The newest of ``reasons[start:]`` that Dynamo had not recorded before: at each recompile
+    it records one failure per version it checked, and a version that keeps failing the same
+    way (compiled without grad, say) is not why the frame recompiles now."""
+    for index in range(len(reasons) - 1, start - 1, -1):
+        if reasons[index] not in reasons[:index]:
+            return reasons[index]
+    return reasons[-1]
 
 
 def describe_frame(code: CodeType) -> str:
@@ -67,7 +82,7 @@ def describe_frame(code: CodeType) -> str:
 
 
 class StormStopper:
-    """While a cell runs: recompiles per frame, and the ``eager_on_recompile`` stance once a
+    """While a cell runs: recompiles per frame, and Dynamo's recompile limit lowered once a
     frame storms. One callback for the process, registered with Dynamo on first use; it
     reaches the stopper that is watching now, if any."""
 
@@ -78,10 +93,13 @@ class StormStopper:
         self.recompiles: Counter[str] = Counter()
         self.stopped = False
         self._previous: Any = None
+        self._failures: dict[CodeType, int] = {}
+        self._guards: dict[CodeType, dict[str, str]] = {}  # failed guard → its shape, values as #
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[StormStopper]:
         _register()
+        self._failures = failure_counts()
         StormStopper._watching = self
         try:
             yield self
@@ -97,14 +115,33 @@ class StormStopper:
         if found is None or found[2] == "0" or self.stopped:
             return
         self.recompiles[found[1]] += 1
-        if self.recompiles[found[1]] >= STORM_RECOMPILES:
-            self._stop()
+        if self._a_guard_failed_again() or self.recompiles[found[1]] >= STORM_RECOMPILES:
+            self._stop(versions=int(found[2]) + 1)  # with the one being compiled now
 
-    def _stop(self) -> None:
+    def _a_guard_failed_again(self) -> bool:
+        """Whether the recompile starting now is for a guard that already caused one of the same
+        frame's recompiles in this cell, now with another value (Dynamo records the failed
+        guards, one per version it checked, before compiling: a version that keeps failing
+        the same way says nothing new)."""
+        from torch._dynamo.utils import guard_failures
+
+        again = False
+        for code, reasons in list(guard_failures.items()):
+            new = set(reasons[self._failures.get(code, 0) :])
+            if not new:
+                continue
+            self._failures[code] = len(reasons)
+            seen = self._guards.setdefault(code, {})
+            for reason in new - set(seen):
+                again = again or _ANY_NUMBER.sub("#", reason) in seen.values()
+            seen.update({reason: _ANY_NUMBER.sub("#", reason) for reason in new})
+        return again
+
+    def _stop(self, versions: int) -> None:
         from torch._dynamo import config
 
         self._previous = config.recompile_limit
-        config.recompile_limit = STORM_RECOMPILES
+        config.recompile_limit = min(versions, self._previous)
         self.stopped = True
 
 

@@ -18,6 +18,7 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from typing import Any
 
+from tpunb import compiler_noise
 from tpunb.advice import fused_slower
 from tpunb.cellcompile import CellCompiler
 from tpunb.events import CellRun, EventBus, ModeChange
@@ -202,6 +203,8 @@ class Session:
             return
         self._deactivate()
         stack = ExitStack()
+        if target[0].mode in (Mode.FUSED, Mode.COMPILE):
+            stack.enter_context(compiler_noise.quiet())
         stack.enter_context(self.runtime.mode_scope(target[0]))
         stack.enter_context(autocast(target[1], self.runtime.autocast_device))
         self._active = (target, stack)
@@ -308,6 +311,7 @@ class Session:
             "compiled": [r.as_dict() for r in self.bus.recent("compiled", STATS_GROUPS)],
             "counters": self.runtime.counters(),
             "last_cell": cells[-1].as_dict() if (cells := self.bus.recent("cell", 1)) else None,
+            "hidden_warnings": compiler_noise.hidden(),
         }
 
     def group_graph(self, key: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -133,6 +134,77 @@ def test_a_recompile_storm_in_a_called_frame_is_stopped_and_named(kernel):
     assert "model = tpunb.compile(model)" in result.stdout
     # stopped for that cell only: Dynamo's recompile limit is its default again
     assert kernel.value("torch._dynamo.config.recompile_limit") == 8
+
+
+#: A training script whose step's resume function (after ``loss.backward()``) is guarded on a
+#: learning rate that is a new Python float every step: it recompiles at every step.
+STORM_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "scripts" / "storm_train.py"
+
+
+def test_a_run_script_whose_resume_function_storms_is_stopped_quietly_and_reused(kernel):
+    """``%run`` of a script whose training step recompiles its resume function every step: the
+    storm is stopped within a few steps, the summary names the frame, the guard and the fix,
+    Dynamo's own warnings about it stay out of the cell, the losses are strict's, and a second
+    run reuses what the first compiled."""
+    script = STORM_SCRIPT
+    resumed_at = STORM_SCRIPT.read_text().splitlines().index("    loss.backward()") + 1
+    assert kernel.run(f"%run {script}\nstrict_losses = losses").error is None
+
+    first = kernel.run(f"%%tpu_mode compile\n%run {script}")
+    assert first.error is None, first.error
+    storm = kernel.value("tpunb.stats()['compiled'][-1]['storm']")
+    assert storm.startswith(f"train_step after its graph break at line {resumed_at} (storm_train.py:"), storm
+    assert "lr == 0.1" in storm, storm
+    assert "[tpunb] recompile storm stopped: train_step after its graph break" in first.stdout, first.stdout
+    assert "model = tpunb.compile(model)" in first.stdout
+    breaks = kernel.value("tpunb.stats()['compiled'][-1]['graph_breaks']")
+    assert "a %magic or !shell line (IPython runs it as plain Python, outside the graph)" in breaks, breaks
+    first_graphs = kernel.value("tpunb.stats()['compiled'][-1]['graphs']")
+    assert first_graphs <= STORM_RECOMPILES + 3, first_graphs  # not one per step (16)
+    assert "torch._dynamo" not in first.stderr and "recompile_limit" not in first.stderr, first.stderr
+    assert "sys._getframe" not in first.stderr, first.stderr
+    hidden = kernel.value("tpunb.stats()['hidden_warnings']")
+    assert any("recompile_limit" in line for line in hidden), hidden
+    assert kernel.value("losses") == pytest.approx(kernel.value("strict_losses"), rel=1e-5)
+
+    second = kernel.run(f"%%tpu_mode compile\n%run {script}")
+    assert second.error is None, second.error
+    graphs = kernel.value("tpunb.stats()['compiled'][-1]['graphs']")
+    assert graphs < first_graphs, (graphs, first_graphs)
+    assert kernel.value("losses") == pytest.approx(kernel.value("strict_losses"), rel=1e-5)
+
+
+#: A batch sampler as minimal GPT repositories write it: iterating a tensor breaks the graph, and
+#: the resume function's compiled code reads helpers Dynamo put into the script's namespace.
+SAMPLER_SCRIPT = """
+import torch
+
+torch.manual_seed(0)
+data = torch.arange(1000.0)
+
+
+def get_batch():
+    ix = torch.randint(len(data) - 8, (4,))
+    return torch.stack([data[i : i + 8] for i in ix])
+
+
+totals = [float(get_batch().sum()) for _ in range(3)]
+"""
+
+
+def test_a_script_run_again_reuses_its_compiled_code_in_the_namespace_run_cleared(kernel, tmp_path):
+    """``%run`` clears the script's namespace before each run, Dynamo's helpers with it; the
+    second run finds them (a NameError in the resume function's cached code before) and
+    compiles nothing."""
+    script = tmp_path / "sampler.py"
+    script.write_text(SAMPLER_SCRIPT)
+    assert kernel.run(f"%run {script}\nstrict_totals = totals").error is None
+    for run in range(2):
+        result = kernel.run(f"%%tpu_mode compile\n%run {script}")
+        assert result.error is None, (run, result.error)
+        assert kernel.value("totals") == kernel.value("strict_totals"), run
+    assert kernel.value("tpunb.stats()['compiled'][-1]['graphs']") == 0
+    assert "KeyError" not in result.stderr, result.stderr
 
 
 def test_a_compile_cell_after_fused_training_trains_on_from_there(kernel):

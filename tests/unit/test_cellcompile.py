@@ -63,3 +63,23 @@ def test_a_compiled_cell_first_waits_for_background_compiles_and_its_record_says
     compiler.run(ast.parse("x = 41 + 1"), "x = 41 + 1", "<cell>", namespace, cell=7)
     assert namespace["x"] == 42 and order == ["waited", "ran"]
     assert records[-1].waited_ms == pytest.approx(1250.0) and records[-1].cell == 7
+
+
+def test_the_optimizers_own_graph_breaks_are_named_as_such():
+    """torch.optim's step() calls torch._dynamo.graph_break() twice; Dynamo's reason for that is
+    "User-inserted graph break", which the user did not write."""
+    import torch
+
+    from tpunb.cellcompile import OPTIMIZER_BREAK, _breaks, _new_breaks
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        model(torch.ones(3, 4)).sum().backward()
+        optimizer.step()
+
+    before = _breaks()
+    torch.compile(step, backend="eager")()
+    breaks = _new_breaks(before, _breaks())
+    assert breaks.get(OPTIMIZER_BREAK) == 2, breaks

@@ -18,7 +18,13 @@ def test_guard_failures_read_as_words():
     assert explain_guard("tensor 'G['batch']' size mismatch at index 1. expected 8, actual 9") == (
         "batch.shape[1] changed 8 → 9"
     )
-    assert explain_guard("0/1: ___check_obj_id(lr, 1234)") == "___check_obj_id(lr, 1234)"
+    assert explain_guard("0/1: ___check_obj_id(lr, 1234)") == (
+        "lr is not the object it was compiled for (its identity is guarded)"
+    )
+    retyped = "8/1: ___check_type_id(self, 9478), type=<class '__main__.GPT'>  # x = self.tok(i)"
+    assert explain_guard(retyped) == (
+        "self's class is not the one it was compiled for (a re-run script defines it anew)"
+    )
     backend = (
         "0/0: BACKEND_MATCH failure: torch.compile detected different backend callables. Cached backend: x"
     )
@@ -88,3 +94,16 @@ def test_compiled_functions_run_while_a_fused_group_compiles_in_the_background()
         fresh = torch.compile(lambda v, k=trial: (v * k).sum(), backend="aot_eager", fullgraph=True)
         assert fresh(torch.ones(3)).item() == 3.0 * trial
     assert calls > 0
+
+
+def test_a_frames_recompile_is_told_by_its_newest_new_failure_not_a_version_failing_again():
+    from tpunb.recompiles import _telling_guard
+
+    reasons = [
+        "8/0: GLOBAL_STATE changed: grad_mode",
+        "8/1: GLOBAL_STATE changed: grad_mode",
+        "8/0: ___check_type_id(self, 9478), type=<class '__main__.GPT'>",
+        "8/0: GLOBAL_STATE changed: grad_mode",  # the no-grad version, failing as before
+    ]
+    assert _telling_guard(reasons, 1) == reasons[2]
+    assert _telling_guard(["1/0: lr == 0.1", "1/1: lr == 0.05"], 0) == "1/1: lr == 0.05"

@@ -1,0 +1,98 @@
+"""The compilers' warnings held back while tpunb compiles; everyone else's shown."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import warnings
+
+import pytest
+
+from tpunb import compiler_noise
+
+DYNAMO_FILE = os.path.join(os.sep, "site-packages", "torch", "_dynamo", "variables", "functions.py")
+USER_FILE = os.path.join(os.sep, "home", "user", "train.py")
+
+
+def _warn_from(filename: str, text: str) -> None:
+    warnings.warn_explicit(text, UserWarning, filename, 7)
+
+
+@pytest.fixture
+def shown():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+
+
+def test_inside_a_quiet_block_the_compilers_warnings_are_held_back_and_kept(shown):
+    with compiler_noise.quiet():
+        _warn_from(DYNAMO_FILE, "Dynamo does not know how to trace the builtin `sys._getframe`")
+        _warn_from(USER_FILE, "your own warning")
+    assert [str(w.message) for w in shown] == ["your own warning"]
+    assert (
+        "UserWarning: Dynamo does not know how to trace the builtin `sys._getframe`"
+        in compiler_noise.hidden()
+    )
+
+
+def test_outside_a_quiet_block_the_compilers_warnings_show(shown):
+    with compiler_noise.quiet():
+        pass
+    _warn_from(DYNAMO_FILE, "Dynamo warns in a strict cell")
+    assert [str(w.message) for w in shown] == ["Dynamo warns in a strict cell"]
+
+
+def test_everything_raised_on_tpunbs_threads_is_held_back(shown):
+    with compiler_noise.quiet():
+        pass  # installs the hook; the thread below is not inside the block
+    worker = threading.Thread(
+        target=_warn_from, args=(USER_FILE, "from a background compile"), name="tpunb-compile_0"
+    )
+    worker.start()
+    worker.join()
+    other = threading.Thread(target=_warn_from, args=(USER_FILE, "from the user's thread"), name="loader")
+    other.start()
+    other.join()
+    assert [str(w.message) for w in shown] == ["from the user's thread"]
+
+
+def test_the_compilers_warning_logs_are_held_back_but_not_their_errors():
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("torch._dynamo")
+    logger.addHandler(handler)
+    try:
+        with compiler_noise.quiet():
+            logging.getLogger("torch._dynamo.convert_frame").warning(
+                "torch._dynamo hit config.recompile_limit (4)"
+            )
+            logging.getLogger("torch._dynamo.convert_frame").error("a real failure")
+        logging.getLogger("torch._dynamo.convert_frame").warning("outside the block")
+    finally:
+        logger.removeHandler(handler)
+    assert records == ["a real failure", "outside the block"]
+    assert (
+        "torch._dynamo.convert_frame: torch._dynamo hit config.recompile_limit (4)" in compiler_noise.hidden()
+    )
+
+
+def test_a_warning_raised_while_dynamo_compiles_is_held_back_and_one_the_compiled_code_raises_shows(shown):
+    """A backend that warns runs inside Dynamo's compile (held back); the user's own
+    ``warnings.warn`` in the compiled function runs with the compiled code (shown)."""
+    import torch
+
+    def backend(graph, example_inputs):
+        warnings.warn("a compiler's remark", DeprecationWarning, stacklevel=1)
+        return graph.forward
+
+    def step(x):
+        warnings.warn("the user's own", stacklevel=1)
+        return x * 2
+
+    with compiler_noise.quiet():
+        torch.compile(step, backend=backend)(torch.ones(3))
+    assert [str(w.message) for w in shown] == ["the user's own"]
+    assert "DeprecationWarning: a compiler's remark" in compiler_noise.hidden()

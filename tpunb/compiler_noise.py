@@ -1,0 +1,161 @@
+"""PyTorch's compiler warnings that tpunb's own machinery causes, kept out of the user's cells.
+
+Fused and compile modes run Dynamo, AOTAutograd and Inductor on the user's behalf: on the
+notebook thread (a cell's compiled function, a hot call) and on tpunb's threads (background
+compiles). Those compilers warn about things the user did not write and cannot change:
+Dynamo tracing IPython's ``run_line_magic`` for a ``%run`` line ("does not know how to trace
+the builtin ``sys._getframe``"), Dynamo hitting the recompile limit tpunb lowered to stop a
+storm, Inductor importing a module with a deprecated decorator. tpunb says what matters in
+its own words (the cell summary names graph breaks, recompiles and storms), so the compilers'
+versions are noise.
+
+While a fused or compile scope is open on the notebook thread (``quiet()``), and always on
+threads named ``tpunb-*``, warnings raised from inside PyTorch's compiler packages or from
+anywhere while they trace or compile (their entry points on the stack), and WARNING-level
+records of their loggers, are held back, not printed. Nothing is lost: the last
+``KEPT`` of them are in ``tpunb.stats()["hidden_warnings"]``. The user's own warnings (raised
+from their code, or from PyTorch about their code outside the compilers) still show, and so
+does everything in strict and debug mode; errors and the logs the user turned on
+(``TORCH_LOGS``, INFO and below) are never held back.
+
+``warnings.showwarning`` is wrapped, not replaced by a filter: ``warnings`` filters are
+process-wide and ``catch_warnings`` is not thread-safe, while the wrapper decides per call on
+the thread that warns. A handler filter on the ``torch`` loggers does the same for logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import warnings
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+#: Where PyTorch's compilers live, as package paths under ``torch/``.
+_COMPILER_PACKAGES = (
+    "_dynamo",
+    "_inductor",
+    "_functorch",
+    "fx",
+    "_subclasses",
+    "_higher_order_ops",
+    "_logging",
+)
+_COMPILER_LOGGERS = tuple(f"torch.{package}" for package in _COMPILER_PACKAGES)
+_COMPILER_PATHS = tuple(f"{os.sep}torch{os.sep}{package}{os.sep}" for package in _COMPILER_PACKAGES)
+#: Where a compile is under way: Dynamo converting a frame, AOTAutograd and Inductor compiling.
+_COMPILING_FILES = tuple(
+    os.path.join("torch", *parts)
+    for parts in (
+        ("_dynamo", "convert_frame.py"),
+        ("_functorch", "aot_autograd.py"),
+        ("_inductor", "compile_fx.py"),
+    )
+)
+#: tpunb's own threads (the background compiler, the memory sampler) start with this.
+THREAD_PREFIX = "tpunb-"
+#: How many held-back messages ``hidden()`` keeps.
+KEPT = 20
+
+_state = threading.local()
+_hidden: deque[str] = deque(maxlen=KEPT)
+
+
+def _on_tpunb_thread() -> bool:
+    return threading.current_thread().name.startswith(THREAD_PREFIX)
+
+
+def _quiet_here() -> bool:
+    return getattr(_state, "depth", 0) > 0 or _on_tpunb_thread()
+
+
+def _held_warning(filename: str) -> bool:
+    """Whether a warning attributed to ``filename`` is the compilers' and raised while tpunb
+    compiles: anything on tpunb's own threads; on the notebook thread in a quiet block, one
+    raised in the compilers' code, or anywhere while they compile (Inductor importing a
+    module whose deprecated decorator warns, say)."""
+    if _on_tpunb_thread():
+        return True
+    if getattr(_state, "depth", 0) == 0:
+        return False
+    return any(path in filename for path in _COMPILER_PATHS) or _compiling()
+
+
+def _compiling() -> bool:
+    """Whether a compiler is tracing or compiling on this thread now (its entry points are on
+    the stack; compiled code running is not: it runs from the user's frames)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_COMPILING_FILES):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _hold(text: str) -> None:
+    line = text.strip().splitlines()[0] if text.strip() else text
+    if line not in _hidden:
+        _hidden.append(line)
+
+
+def hidden() -> list[str]:
+    """The compiler warnings held back most recently, first lines only, oldest first."""
+    return list(_hidden)
+
+
+class _QuietShowwarning:
+    """``warnings.showwarning`` that holds back the compilers' warnings while tpunb compiles."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, message: Any, category: type[Warning], filename: str, lineno: int, *rest: Any) -> None:
+        if _held_warning(filename):
+            _hold(f"{category.__name__}: {message}")
+            return
+        self.inner(message, category, filename, lineno, *rest)
+
+
+class _QuietRecords(logging.Filter):
+    """Holds back the compilers' WARNING records while tpunb compiles."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and record.name.startswith(_COMPILER_LOGGERS) and _quiet_here():
+            _hold(f"{record.name}: {record.getMessage()}")
+            return False
+        return True
+
+
+_RECORD_FILTER = _QuietRecords()
+
+
+def _install() -> None:
+    """Wrap ``showwarning`` and filter the torch loggers' handlers, again if someone replaced
+    them since (``catch_warnings`` restores the old ``showwarning``; ``torch._logging.set_logs``
+    makes new handlers)."""
+    if not isinstance(warnings.showwarning, _QuietShowwarning):
+        warnings.showwarning = _QuietShowwarning(warnings.showwarning)
+    loggers = [
+        logging.getLogger(name)
+        for name in list(logging.Logger.manager.loggerDict)
+        if name.startswith("torch")
+    ]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if _RECORD_FILTER not in handler.filters:
+                handler.addFilter(_RECORD_FILTER)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Hold back the compilers' warnings on this thread while the block runs (nests)."""
+    _install()
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
