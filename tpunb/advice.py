@@ -1,13 +1,16 @@
-"""Advice from what a cell's groups cost: when fused mode cannot pay for itself.
+"""Advice from measurements: when fused mode cannot pay for itself, or another mode ran the
+same code faster.
 
 Fused mode records each op in Python before anything runs, a few microseconds an op. A step
 of many tiny ops (a small model at a small batch) can spend more recording than running its
 ops one by one would take; the user should hear so once per cell, with the fix, rather than
-find out by timing.
+find out by timing. And a cell the session has seen run in another mode is compared with that
+run: the only recommendation of a mode tpunb makes is of one it measured faster.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from tpunb.events import FusionGroup
@@ -45,3 +48,46 @@ def fused_slower(groups: Sequence[FusionGroup]) -> str | None:
         "Run this cell in strict mode (%%tpu_mode strict), or measure compile mode first "
         "(%%tpu_profile --mode compile)"
     )
+
+
+#: A cell must be at least this much slower than the same code in another mode to be told so.
+NOTICEABLE_S = 0.05
+#: Modes a cell's time is compared across (debug is slow on purpose, and never recommended).
+COMPARED_MODES = ("strict", "fused", "compile")
+_MODE_LINE = re.compile(r"^\s*%%tpu_mode\b[^\n]*\n?")
+
+
+class CellTimes:
+    """How long the session saw the same code take in each mode: the measurement behind
+    "another mode is faster here". The code is the cell's text without a ``%%tpu_mode``
+    line, so a cell re-run in another mode is the same code; its precision is part of it."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], dict[str, tuple[float, int | None]]] = {}
+
+    @staticmethod
+    def code_of(source: str) -> str:
+        return _MODE_LINE.sub("", source, count=1).strip()
+
+    def slower_than_seen(self, source: str, precision: str, mode: str, wall_s: float) -> str | None:
+        """The fastest mode the session saw run this code faster than ``wall_s``, in words."""
+        if mode not in COMPARED_MODES:
+            return None
+        seen = self._seen.get((self.code_of(source), precision), {})
+        faster = [
+            (other, seconds, cell)
+            for other, (seconds, cell) in seen.items()
+            if other != mode and wall_s > seconds * SLOWER_BY and wall_s - seconds >= NOTICEABLE_S
+        ]
+        if not faster:
+            return None
+        other, seconds, cell = min(faster, key=lambda item: item[1])
+        where = f" (In[{cell}])" if cell is not None else ""
+        return (
+            f"{mode} is slower here: this cell took {wall_s:.2f} s; {other} mode ran the same code in "
+            f"{seconds:.2f} s{where}. Run it in {other} mode (%%tpu_mode {other})"
+        )
+
+    def record(self, source: str, precision: str, mode: str, wall_s: float, cell: int | None) -> None:
+        if mode in COMPARED_MODES and self.code_of(source):
+            self._seen.setdefault((self.code_of(source), precision), {})[mode] = (wall_s, cell)

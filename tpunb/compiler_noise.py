@@ -133,12 +133,39 @@ class _QuietRecords(logging.Filter):
 _RECORD_FILTER = _QuietRecords()
 
 
+class _QuietUnraisable:
+    """``sys.unraisablehook`` that drops one harmless error of Dynamo's: when compiled code
+    dies, Dynamo deletes the helper globals it put into the frame's namespace, and a
+    namespace ``%run`` cleared meanwhile no longer has them (``KeyError: '__builtins_dict___4'``,
+    printed as "Exception ignored in ..." at garbage collection)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, unraisable: Any) -> None:
+        error, trace = unraisable.exc_value, unraisable.exc_traceback
+        while trace is not None and trace.tb_next is not None:
+            trace = trace.tb_next
+        code = trace.tb_frame.f_code if trace is not None else None
+        if (
+            isinstance(error, KeyError)
+            and code is not None
+            and code.co_name == "__call__"
+            and code.co_filename.endswith(os.path.join("torch", "_dynamo", "utils.py"))
+        ):
+            _hold(f"torch._dynamo cleanup: KeyError {error}")
+            return
+        self.inner(unraisable)
+
+
 def _install() -> None:
-    """Wrap ``showwarning`` and filter the torch loggers' handlers, again if someone replaced
-    them since (``catch_warnings`` restores the old ``showwarning``; ``torch._logging.set_logs``
-    makes new handlers)."""
+    """Wrap ``showwarning`` and ``unraisablehook`` and filter the torch loggers' handlers, again
+    if someone replaced them since (``catch_warnings`` restores the old ``showwarning``;
+    ``torch._logging.set_logs`` makes new handlers)."""
     if not isinstance(warnings.showwarning, _QuietShowwarning):
         warnings.showwarning = _QuietShowwarning(warnings.showwarning)
+    if not isinstance(sys.unraisablehook, _QuietUnraisable):
+        sys.unraisablehook = _QuietUnraisable(sys.unraisablehook)
     loggers = [
         logging.getLogger(name)
         for name in list(logging.Logger.manager.loggerDict)

@@ -59,7 +59,7 @@ class CellRun(Record):
     graph_breaks: int = 0
     break_reasons: str | None = None  # compile mode: why the graphs broke, in Dynamo's words
     recompiles: str | None = None  # compile mode: why it recompiled, in words
-    slower: str | None = None  # fused mode: why its groups cost more than running their ops would
+    slower: str | None = None  # why it cost more: a mode measured faster, or fused's recording
     counters: dict[str, float] = field(default_factory=dict)  # runtime counters that moved
     precision: str = "fp32"  # the reduced precisions it ran in (%tpu_precision), else fp32
     compile_waited_s: float = 0.0  # compile mode: waited for fused groups compiling in the background

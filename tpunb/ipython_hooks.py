@@ -24,7 +24,7 @@ class CellHooks:
         self.compile_prefix = compile_prefix
 
     def pre_run_cell(self, info: Any) -> None:
-        self.session.begin_cell(running_cell_number(self.shell))
+        self.session.begin_cell(running_cell_number(self.shell), getattr(info, "raw_cell", None))
 
     def post_run_cell(self, result: Any) -> None:
         error = result.error_in_exec or result.error_before_exec

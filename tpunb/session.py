@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from tpunb import compiler_noise
-from tpunb.advice import fused_slower
+from tpunb.advice import CellTimes, fused_slower
 from tpunb.cellcompile import CellCompiler
 from tpunb.events import CellRun, EventBus, ModeChange
 from tpunb.groupfold import GroupFold
@@ -67,6 +67,7 @@ class Session:
         self._cell_compiler: CellCompiler | None = None
         self.group_rows = GroupFold()
         self.bus.subscribe(self.group_rows.observe)
+        self.cell_times = CellTimes()
 
     # --- modes ----------------------------------------------------------------------------
 
@@ -226,10 +227,13 @@ class Session:
     def cell_running(self) -> bool:
         return self._cell is not None
 
-    def begin_cell(self, number: int | None) -> None:
+    def begin_cell(self, number: int | None, source: str | None = None) -> None:
+        """A cell starts; ``source`` (its text) lets its time be compared with the same code's
+        in other modes."""
         self._in_notebook = True
         self._cell = _CellWindow(
             number,
+            source=source,
             peak_resettable=self.runtime.reset_peak_memory(),
             cache_before=self.runtime.cache_stats(),
             groups_before=self.bus.count("group"),
@@ -261,10 +265,16 @@ class Session:
         compiled = self.bus.recent("compiled", runs) if runs else []
         counters = counter_changes(cell.counters_before, self.runtime.counters())
         groups = self.bus.count("group") - cell.groups_before
+        mode, precision = _summary_mode(cell.modes), _summary_precision(cell.precisions)
+        wall_s = time.perf_counter() - cell.started
+        measured = None
+        if cell.source is not None and error is None:
+            measured = self.cell_times.slower_than_seen(cell.source, precision, mode, wall_s)
+            self.cell_times.record(cell.source, precision, mode, wall_s, cell.number)
         record = CellRun(
             cell=cell.number,
-            mode=_summary_mode(cell.modes),
-            wall_s=time.perf_counter() - cell.started,
+            mode=mode,
+            wall_s=wall_s,
             peak_bytes=memory.peak if memory is not None else None,
             groups=groups,
             cache_hits=cache.hits - cell.cache_before.hits,
@@ -275,10 +285,10 @@ class Session:
             break_reasons=_first_reasons([reason for r in compiled for reason in r.graph_breaks]),
             recompiles=_first_reasons([reason for r in compiled for reason in r.recompile_reasons]),
             counters=counters,
-            precision=_summary_precision(cell.precisions),
+            precision=precision,
             compile_waited_s=sum(r.waited_ms for r in compiled) / 1000,
             storm=next((r.storm for r in compiled if r.storm), None),
-            slower=fused_slower(self.bus.recent("group", groups)) if groups else None,
+            slower=measured or (fused_slower(self.bus.recent("group", groups)) if groups else None),
         )
         self.bus.publish(record)
         _warn_fallbacks(counters)
@@ -386,6 +396,7 @@ class _CellWindow:
         self,
         number: int | None,
         *,
+        source: str | None,
         peak_resettable: bool,
         cache_before: CacheStats,
         groups_before: int,
@@ -393,6 +404,7 @@ class _CellWindow:
         counters_before: dict[str, float],
     ) -> None:
         self.number = number
+        self.source = source
         self.peak_resettable = peak_resettable
         self.cache_before = cache_before
         self.groups_before = groups_before

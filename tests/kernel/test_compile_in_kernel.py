@@ -127,7 +127,8 @@ def test_a_recompile_storm_in_a_called_frame_is_stopped_and_named(kernel):
         "[float((x * 2 if s == 1 else x + s).sum()) for s in range(1, 13)]"
     )
     storm = kernel.value("tpunb.stats()['compiled'][-1]['storm']")
-    assert storm.startswith("scaled (") and "kept recompiling" in storm and "state.step == 1" in storm, storm
+    assert storm.startswith("scaled (") and "kept recompiling" in storm, storm
+    assert re.search(r"last: state\.step == \d+\)", storm), storm
     graphs = kernel.value("tpunb.stats()['compiled'][-1]['graphs']")
     assert graphs <= STORM_RECOMPILES + 2, graphs  # the cell's, scaled's first and its recompiles (not 8)
     assert "[tpunb] recompile storm stopped: scaled (" in result.stdout, result.stdout
@@ -154,7 +155,7 @@ def test_a_run_script_whose_resume_function_storms_is_stopped_quietly_and_reused
     assert first.error is None, first.error
     storm = kernel.value("tpunb.stats()['compiled'][-1]['storm']")
     assert storm.startswith(f"train_step after its graph break at line {resumed_at} (storm_train.py:"), storm
-    assert "lr == 0.1" in storm, storm
+    assert re.search(r"last: lr == 0\.\d+\)", storm), storm  # a new float every step
     assert "[tpunb] recompile storm stopped: train_step after its graph break" in first.stdout, first.stdout
     assert "model = tpunb.compile(model)" in first.stdout
     breaks = kernel.value("tpunb.stats()['compiled'][-1]['graph_breaks']")

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from tpunb.advice import NOTICEABLE_S, SLOWER_BY
+
 SETUP = """
 import copy
 torch.manual_seed(0)
@@ -154,3 +156,38 @@ def test_cells_in_other_modes_run_what_fused_cells_adopted_as_plain_tensors(kern
         assert kernel.value("model[0].weight is weight")
     assert kernel.run("for _ in range(5):\n    step(twin, twin_opt)").error is None
     assert kernel.value("bool(torch.allclose(model[0].weight, twin[0].weight, atol=1e-5))")  # 5 steps each
+
+
+#: A tiny training step with a read every step: fused records and flushes each step's 35 ops,
+#: which strict runs in about 0.2 ms.
+TINY_STEPS = """
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data, losses = torch.randn(16, 8), []
+for step in range(200):
+    loss = model(data).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+"""
+
+
+def test_a_fused_cell_is_compared_with_the_same_code_measured_in_strict_mode(kernel):
+    """Run in strict, then fused: the summary compares the two measured times of the same code
+    (the ``%%tpu_mode`` line aside) and recommends strict exactly when fused took longer."""
+    for _ in range(2):  # the second run is strict warm (the first pays autograd's start)
+        assert kernel.run(TINY_STEPS).error is None
+    strict_s, strict_cell = kernel.value("[tpunb.stats()['last_cell'][k] for k in ('wall_s', 'cell')]")
+    fused = kernel.run("%%tpu_mode fused\n" + TINY_STEPS)
+    assert fused.error is None, fused.error
+    fused_s = kernel.value("tpunb.stats()['last_cell']['wall_s']")
+    expected = (
+        f"[tpunb] fused is slower here: this cell took {fused_s:.2f} s; strict mode ran the same code in "
+        f"{strict_s:.2f} s (In[{strict_cell}]). Run it in strict mode (%%tpu_mode strict)"
+    )
+    if fused_s > strict_s * SLOWER_BY and fused_s - strict_s >= NOTICEABLE_S:
+        assert expected in fused.stdout, fused.stdout
+    else:
+        assert "is slower here" not in fused.stdout, fused.stdout

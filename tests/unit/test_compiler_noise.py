@@ -96,3 +96,35 @@ def test_a_warning_raised_while_dynamo_compiles_is_held_back_and_one_the_compile
         torch.compile(step, backend=backend)(torch.ones(3))
     assert [str(w.message) for w in shown] == ["the user's own"]
     assert "DeprecationWarning: a compiler's remark" in compiler_noise.hidden()
+
+
+def test_dynamos_cleanup_of_a_helper_a_cleared_namespace_lost_is_dropped(monkeypatch):
+    """Dynamo deletes its helper globals when compiled code dies; ``%run`` may have cleared the
+    namespace already. That KeyError is held back; other unraisable errors still reach the hook."""
+    import gc
+    import sys
+
+    from torch._dynamo.utils import CleanupHook, CleanupManager
+
+    reached: list = []
+    monkeypatch.setattr(sys, "unraisablehook", reached.append)
+    with compiler_noise.quiet():
+        pass  # installs the hook over the one above
+
+    class Compiled:
+        pass
+
+    class Broken:
+        def __del__(self):
+            raise ValueError("a real error at collection")
+
+    scope: dict = {}
+    compiled = Compiled()  # Dynamo keys the hooks by the code it compiled, as here
+    CleanupManager.instance[compiled] = [CleanupHook.create(scope, "__builtins_dict___9", {})]
+    scope.clear()  # as %run clears a script's namespace before running it again
+    del compiled
+    gc.collect()
+    broken = Broken()
+    del broken
+    assert [type(u.exc_value) for u in reached] == [ValueError]
+    assert "torch._dynamo cleanup: KeyError '__builtins_dict___9'" in compiler_noise.hidden()

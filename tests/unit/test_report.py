@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from tpunb.advice import fused_slower
+from tpunb.advice import CellTimes, fused_slower
 from tpunb.events import CellRun, FusionGroup
 from tpunb.report import cell_summary, format_bytes
 
@@ -113,3 +113,22 @@ def test_a_compile_cell_that_waited_for_background_compiles_says_how_long():
 def test_a_graph_break_is_named_with_its_reason():
     broke = cell_summary(run(mode="compile", compiled_graphs=2, graph_breaks=1, break_reasons="print"))
     assert broke == "[tpunb] compile · 1.23 s · 2 graphs compiled · 1 graph break (print)"
+
+
+def test_a_mode_is_recommended_only_when_the_session_measured_it_faster_on_the_same_code():
+    times = CellTimes()
+    code = "for step in range(100):\n    total += float(x.sum())"
+    times.record(code, "fp32", "strict", 1.0, 2)
+    times.record("%%tpu_mode compile\n" + code, "fp32", "compile", 5.0, 3)  # measured slower
+    note = times.slower_than_seen("%%tpu_mode fused --sync-compile\n" + code, "fp32", "fused", 3.0)
+    assert note == (
+        "fused is slower here: this cell took 3.00 s; strict mode ran the same code in 1.00 s (In[2]). "
+        "Run it in strict mode (%%tpu_mode strict)"
+    )
+    times.record("%%tpu_mode compile\n" + code, "fp32", "compile", 0.5, 4)  # measured again, faster
+    faster = times.slower_than_seen(code, "fp32", "fused", 3.0)
+    assert faster is not None and "compile mode ran the same code in 0.50 s (In[4])" in faster
+    assert times.slower_than_seen(code, "fp32", "fused", 0.55) is None  # within SLOWER_BY of the best
+    assert times.slower_than_seen(code, "bf16", "fused", 3.0) is None  # another precision: not measured
+    assert times.slower_than_seen(code, "fp32", "debug", 30.0) is None  # debug is slow on purpose
+    assert times.slower_than_seen("other code", "fp32", "fused", 3.0) is None
