@@ -18,9 +18,10 @@ times for any reasons. Each recompile costs seconds (3 s a graph, cold, on a 2-c
 the stopper then lowers Dynamo's ``recompile_limit`` to the storming frame's versions for the
 rest of the cell: code Dynamo compiled already still runs compiled when its guards pass, and a
 frame that would recompile again runs as plain Python instead (Dynamo's own behaviour at its
-limit, 8 by default). PyTorch's ``eager_on_recompile`` stance means the same, but Dynamo reads a stance
-when a compiled function is entered, so it cannot change inside the running cell. The limit
-the user had is back after the cell (Dynamo's config is per thread: this is the notebook's).
+limit, 8 by default). PyTorch's ``eager_on_recompile`` stance means the same, but Dynamo
+reads a stance when a compiled function is entered, so it cannot change inside the running
+cell. The limit the user had is back after the cell (Dynamo's config is per thread: this is
+the notebook's).
 ``frame_recompiles`` names the frames and their last failed guard afterwards.
 """
 
