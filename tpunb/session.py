@@ -41,6 +41,7 @@ from tpunb.runtimes import (
     RuntimeChoice,
     create_runtime,
 )
+from tpunb.scoped_setting import ScopedSetting
 
 #: How many fusion-group records ``stats()`` returns (a hot training step makes two: its model
 #: call and its optimizer step).
@@ -55,13 +56,9 @@ class Session:
         self.choice = choice
         self.bus = bus if bus is not None else EventBus()
         self.summary_enabled = True
-        self._default = ModeConfig()
-        self._pending_default: tuple[ModeConfig, str] | None = None
-        self._overrides: list[ModeConfig] = []
-        self._default_precision = DEFAULT_PRECISION
-        self._precision_overrides: list[Precision] = []
+        self._modes: ScopedSetting[ModeConfig] = ScopedSetting(ModeConfig())
+        self._precisions: ScopedSetting[Precision] = ScopedSetting(DEFAULT_PRECISION)
         self._scaler: tuple[tuple[str, bool], Any] | None = None
-        self._pending_precision: Precision | None = None
         self._active: tuple[tuple[ModeConfig, Precision], ExitStack] | None = None
         self._cell: _CellWindow | None = None
         self._cell_compiler: CellCompiler | None = None
@@ -73,11 +70,11 @@ class Session:
 
     @property
     def default(self) -> ModeConfig:
-        return self._default
+        return self._modes.default
 
     @property
     def effective(self) -> ModeConfig:
-        return self._overrides[-1] if self._overrides else self._default
+        return self._modes.effective
 
     @property
     def available_modes(self) -> list[str]:
@@ -96,11 +93,11 @@ class Session:
 
     @property
     def default_precision(self) -> Precision:
-        return self._default_precision
+        return self._precisions.default
 
     @property
     def effective_precision(self) -> Precision:
-        return self._precision_overrides[-1] if self._precision_overrides else self._default_precision
+        return self._precisions.effective
 
     @property
     def available_precisions(self) -> list[str]:
@@ -117,9 +114,8 @@ class Session:
     def set_precision(self, precision: Precision) -> None:
         """Make ``precision`` that of this and later cells (or of the rest of a script)."""
         self.check_precision(precision)
-        self._default_precision = precision
-        if self._cell is not None or not self._in_notebook:
-            self._activate()
+        self._precisions.default = precision
+        self._activate_now()
 
     def request_precision(self, precision: Precision) -> bool:
         """``set_precision`` from outside the running cell (the lab extension's picker): now
@@ -127,23 +123,23 @@ class Session:
         whether it applied now."""
         self.check_precision(precision)
         if self.cell_running:
-            self._pending_precision = precision
+            self._precisions.pending = (precision, "lab")
             return False
-        self._pending_precision = None
+        self._precisions.pending = None
         self.set_precision(precision)
         return True
+
+    @property
+    def pending_precision(self) -> Precision | None:
+        """A requested precision waiting for the running cell to end."""
+        return self._precisions.pending[0] if self._precisions.pending is not None else None
 
     @contextlib.contextmanager
     def precision_scoped(self, precision: Precision) -> Iterator[None]:
         """Run a block in ``precision``; the previous one is back afterwards, even on error."""
         self.check_precision(precision)
-        self._precision_overrides.append(precision)
-        try:
-            self._activate()
+        with self._precisions.overridden(precision, self._activate):
             yield
-        finally:
-            self._precision_overrides.pop()
-            self._activate()
 
     def grad_scaler(self) -> Any:
         """The session's loss scaler for the effective precision: one ``torch.amp.GradScaler``
@@ -162,9 +158,14 @@ class Session:
     def set_default(self, config: ModeConfig, source: str = "api") -> None:
         """Make ``config`` the mode of this and later cells (or of the rest of a script)."""
         self.check_supported(config)
-        previous, self._default = self._default, config
+        previous, self._modes.default = self._modes.default, config
         self.runtime.default_changed(config)
         self.bus.publish(ModeChange(previous=previous.describe(), current=config.describe(), source=source))
+        self._activate_now()
+
+    def _activate_now(self) -> None:
+        """A new default applies at once inside a running cell or a script; in a notebook
+        between cells, from the next cell on (scopes are open only while a cell runs)."""
         if self._cell is not None or not self._in_notebook:
             self._activate()
 
@@ -174,28 +175,23 @@ class Session:
         changes mode halfway because someone clicked. Returns whether it applied now."""
         self.check_supported(config)
         if self.cell_running:
-            self._pending_default = (config, source)
+            self._modes.pending = (config, source)
             return False
-        self._pending_default = None
+        self._modes.pending = None
         self.set_default(config, source=source)
         return True
 
     @property
     def pending_default(self) -> ModeConfig | None:
         """A requested default waiting for the running cell to end."""
-        return self._pending_default[0] if self._pending_default is not None else None
+        return self._modes.pending[0] if self._modes.pending is not None else None
 
     @contextlib.contextmanager
     def scoped(self, config: ModeConfig) -> Iterator[None]:
         """Run a block in ``config``; the previous mode is back afterwards, even on error."""
         self.check_supported(config)
-        self._overrides.append(config)
-        try:
-            self._activate()
+        with self._modes.overridden(config, self._activate):
             yield
-        finally:
-            self._overrides.pop()
-            self._activate()
 
     def _activate(self) -> None:
         """Open the runtime scope for the effective mode and precision, closing the one open now."""
@@ -250,12 +246,10 @@ class Session:
             self.runtime.synchronize()
         finally:
             record = self._record(cell, error) if cell is not None else None
-            pending, self._pending_default = self._pending_default, None
-            if pending is not None:
-                self.set_default(*pending)
-            precision, self._pending_precision = self._pending_precision, None
-            if precision is not None:
-                self.set_precision(precision)
+            if (mode := self._modes.take_pending()) is not None:
+                self.set_default(*mode)
+            if (precision := self._precisions.take_pending()) is not None:
+                self.set_precision(precision[0])
         return record
 
     def _record(self, cell: _CellWindow, error: BaseException | None) -> CellRun:
@@ -305,12 +299,12 @@ class Session:
             "runtime_reason": self.choice.reason,
             "device": self.runtime.device,
             "mode": self.effective.mode.value,
-            "default_mode": self._default.mode.value,
+            "default_mode": self.default.mode.value,
             "modes_available": self.available_modes,
             "precision": self.effective_precision.value,
-            "default_precision": self._default_precision.value,
+            "default_precision": self.default_precision.value,
             "precisions_available": self.available_precisions,
-            "pending_precision": self._pending_precision.value if self._pending_precision else None,
+            "pending_precision": waiting.value if (waiting := self.pending_precision) is not None else None,
             "busy": self.cell_running,
             "pending_default": pending.mode.value if (pending := self.pending_default) is not None else None,
             "memory": asdict(memory) if memory is not None else None,
