@@ -348,7 +348,7 @@ class CellCompiler:
         try:
             try:
                 _skip_ipython()
-                with stopper.watching(), self._scripts.serving(_ipython()):
+                with stopper.watching(), self._scripts.serving():
                     return compiled()
             except TorchRuntimeError:
                 # The cell's own error, met while tracing (shapes, dtypes): run it as Python to
@@ -364,15 +364,6 @@ class CellCompiler:
             record = watch.record(cell, key, error, stormed=stopper.stopped)
             self._publish(record)
             self.storms.observe(key, record, f"cell In[{cell}]")
-
-
-def _ipython() -> Any:
-    """The running IPython shell, or None outside IPython."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    return get_ipython()
 
 
 def _skip_ipython() -> None:

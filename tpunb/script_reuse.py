@@ -86,12 +86,13 @@ class ScriptCode:
                 }
 
     @contextlib.contextmanager
-    def serving(self, shell: Any) -> Iterator[None]:
+    def serving(self) -> Iterator[None]:
         """Be how ``%run`` compiles and runs a file while the block runs (a compile cell)."""
-        module = _ipython_shell_module()
-        if shell is None or module is None or _HOOK in vars(module) or "safe_execfile" in vars(shell):
+        found = _ipython()
+        if found is None or _HOOK in vars(found[0]) or "safe_execfile" in vars(found[1]):
             yield  # not in IPython, or IPython changed how it runs files: stay out
             return
+        module, shell = found
         run = shell.safe_execfile
         setattr(module, _HOOK, self)
         shell.safe_execfile = lambda fname, *where, **options: self._run_file(run, fname, *where, **options)
@@ -111,9 +112,12 @@ def _names_in(code: CodeType) -> Iterator[str]:
             yield from _names_in(constant)
 
 
-def _ipython_shell_module() -> ModuleType | None:
+def _ipython() -> tuple[ModuleType, Any] | None:
+    """IPython's shell module and the running shell, or None outside IPython."""
     try:
+        from IPython import get_ipython
         from IPython.core import interactiveshell
     except ImportError:
         return None
-    return interactiveshell
+    shell = get_ipython()
+    return (interactiveshell, shell) if shell is not None else None
