@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tests" / "kernel"))
-    from kernels import start_kernel  # the project's one kernel client
+    from tpunb_kernels import start_kernel  # the project's one kernel client
 
     sizes = f" --steps {args.steps} --width {args.width} --batch {args.batch}"
     print(

@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--device", choices=("cpu", "xla"), default="cpu")
     args = parser.parse_args()
     sys.path[:0] = [str(ROOT / "tests" / "kernel"), str(ROOT / "tests" / "xla")]
-    from kernels import start_kernel  # the project's one kernel client
+    from tpunb_kernels import start_kernel  # the project's one kernel client
     from xla_kernels import XLA_ENV
 
     on_xla = args.device == "xla"

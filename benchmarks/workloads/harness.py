@@ -56,7 +56,7 @@ def _wl_report(started):
 
 
 class Cells(Protocol):
-    """A kernel that runs cells (tests/kernel/kernels.py's ``Kernel``)."""
+    """A kernel that runs cells (tests/kernel/tpunb_kernels.py's ``Kernel``)."""
 
     def run(self, code: str, timeout: float = ...) -> object: ...
 

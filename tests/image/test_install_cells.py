@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "kernel"))
 
-from kernels import Kernel, start_kernel
+from tpunb_kernels import Kernel, start_kernel
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((CHECKOUT / "notebooks").glob("*.ipynb"))

@@ -1,3 +1,3 @@
-"""Kernel fixtures live in kernels.py so tests can also start kernels themselves."""
+"""Kernel fixtures live in tpunb_kernels.py so tests can also start kernels themselves."""
 
-from kernels import fresh_kernel, kernel  # noqa: F401
+from tpunb_kernels import fresh_kernel, kernel  # noqa: F401

@@ -11,7 +11,7 @@ import time
 
 import psutil
 import pytest
-from kernels import Kernel
+from tpunb_kernels import Kernel
 
 from tpunb.distributed import load_returned
 

@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 import pytest
-from kernels import Kernel
+from tpunb_kernels import Kernel
 
 
 def send_comm(kernel: Kernel, msg_type: str, content: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ def test_loading_twice_is_harmless(kernel):
 
 
 def test_extension_loads_from_kernel_config(tmp_path):
-    from kernels import start_kernel
+    from tpunb_kernels import start_kernel
 
     started = start_kernel(tmp_path, ["--InteractiveShellApp.extensions=tpunb"])
     try:

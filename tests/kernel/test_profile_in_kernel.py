@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from kernels import start_kernel
+from tpunb_kernels import start_kernel
 
 MLP = """
 torch.manual_seed(0)

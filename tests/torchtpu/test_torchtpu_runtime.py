@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kernels import Kernel, start_kernel
+from tpunb_kernels import Kernel, start_kernel
 
 MODE_OF = "tpunb.session.get_session().runtime.eager_mode"
 

@@ -18,7 +18,7 @@ from benchmarks.workloads.harness import MODES, disagreements, run_workload
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "kernel"))
 
-from kernels import start_kernel
+from tpunb_kernels import start_kernel
 
 #: bf16 runs in the modes whose autocast paths differ (compile mode's runs take tens of
 #: seconds per workload here: fp32 covers it).

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "kernel"))
 
-from kernels import Kernel
+from tpunb_kernels import Kernel
 from xla_kernels import start_xla_kernel
 
 

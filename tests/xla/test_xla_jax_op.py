@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernels import Kernel
+from tpunb_kernels import Kernel
 
 DEFINE = """
 import jax

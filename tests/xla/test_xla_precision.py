@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kernels import Kernel
+from tpunb_kernels import Kernel
 
 MATMUL = """z = torch.randn(16, 16, device='xla') @ torch.randn(16, 16, device='xla')
 z_info = [str(z.dtype), str(z.device)]"""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kernels import Kernel
+from tpunb_kernels import Kernel
 
 FALLBACK = """v = (torch.arange(4096, device='xla') % 3).float()
 for _ in range(40):

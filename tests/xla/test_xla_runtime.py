@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from kernels import Kernel, start_kernel
+from tpunb_kernels import Kernel, start_kernel
 from xla_kernels import start_xla_kernel
 
 #: TorchTPU's canonical chain, 150 elementwise ops.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernels import Kernel, start_kernel
+from tpunb_kernels import Kernel, start_kernel
 
 XLA_ENV = {"TPUNB_RUNTIME": "xla", "PJRT_DEVICE": "CPU"}
 
