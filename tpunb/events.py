@@ -82,7 +82,7 @@ class FusionGroup(Record):
     trigger: str  # what flushed it, and where: "item at Cell In[7], line 3"
     source: str  # where its first op was recorded
     status: str  # hit | miss | compiling | eager
-    compile_ms: float | None
+    compile_ms: float | None  # a compile this group's run waited for (part of run_ms)
     run_ms: float
     lifted: int  # floats fed as inputs instead of baked in
     miss_reason: str | None = None  # on a miss: what differs from the last group of the same ops

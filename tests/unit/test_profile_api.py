@@ -91,6 +91,42 @@ def test_a_fused_loop_whose_groups_compile_in_the_background_blames_the_compile(
     assert "Where the time went" in report.text()
 
 
+def test_a_compile_an_earlier_block_left_running_is_waited_for_first_not_counted(tmp_path, monkeypatch):
+    """A fused cell ends without waiting for its compiles; a profile right after it waits for
+    them before its block starts (and says so), so that they neither count as the block's nor
+    delay the block's own compiles queued behind them."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    x = torch.randn(512, WIDTH)
+    with tpunb.mode("fused"):
+        for _ in range(2):  # the second sighting starts the group's compile on the worker
+            (x * 1.5 + 0.5).relu().sum().item()
+    with tpunb.profile(mode="strict", trace=tmp_path) as report:
+        (x @ x.T).sum().item()
+    assert report.earlier_compiles_s > 0 and "waiting for earlier cells' compiles" in report.text()
+    assert "compiling on the worker (overlapped)" not in report.time_split, report.time_split
+    assert all(f["kind"] != "compile_time" for f in report.findings), report.findings
+
+
+def test_a_compile_a_flush_waited_for_is_counted_once_and_not_as_a_wait_for_values(tmp_path):
+    """With ``sync_compile`` each new shape compiles inside the flush that reads the loss: the
+    recompile finding counts those flushes once (their run time holds the compile), and the
+    waits at the read are what is left (reading less often would not save a compile)."""
+    model = torch.nn.Linear(WIDTH, WIDTH)
+    tpunb.adopt(model)
+    with tpunb.profile(trace=tmp_path) as report, tpunb.mode("fused", sync_compile=True):
+        for rows in (40, 56, 72, 88):
+            model(torch.randn(rows, WIDTH)).relu().sum().item()
+    compiled = [g for g in report.groups if g["compile_ms"]]
+    assert len(compiled) == 4, report.groups
+    [storm] = [f for f in report.findings if f["kind"] == "recompile"]
+    stormed_s = sum(g["run_ms"] for g in compiled[1:]) / 1000  # the first shape is no recompile
+    assert storm["seconds"] == pytest.approx(stormed_s, rel=1e-6), (storm, report.groups)
+    [reads] = report.waits
+    left_s = sum(g["run_ms"] - (g["compile_ms"] or 0) for g in report.groups) / 1000
+    assert reads["count"] == 4 and reads["seconds"] == pytest.approx(left_s, rel=1e-6)
+    assert "compiling on the worker (overlapped)" not in report.time_split, report.time_split
+
+
 def test_a_block_that_raises_keeps_its_report_and_the_error_goes_on(tmp_path):
     with pytest.raises(ZeroDivisionError), tpunb.profile(mode="fused", trace=tmp_path) as report:
         torch.ones(WIDTH, WIDTH).sum().item()

@@ -91,12 +91,19 @@ def _worth(seconds: float, seen: Observed) -> bool:
     return seconds >= max(NEGLIGIBLE_S, NEGLIGIBLE_SHARE * seen.wall_s)
 
 
-def _compile_seconds(seen: Observed) -> dict[str, float]:
-    """Compile time per group key: background compiles report when they finish; a compile in
-    the group's own flush (``sync_compile``, PyTorch/XLA's graphs) is in its record."""
+def _background_seconds(seen: Observed) -> dict[str, float]:
+    """Compile time per group key of the compiles no group waited for (they report when they
+    finish, on the worker)."""
     by_key: dict[str, float] = defaultdict(float)
     for done in seen.compiles:
         by_key[done.key] += done.compile_ms / 1000
+    return by_key
+
+
+def _compile_seconds(seen: Observed) -> dict[str, float]:
+    """Compile time per group key: the background ones, and those in a group's own flush
+    (``sync_compile``, PyTorch/XLA's graphs), which its record holds (inside its run time)."""
+    by_key = _background_seconds(seen)
     for group in seen.groups:
         if group.compile_ms and group.key not in by_key:
             by_key[group.key] = group.compile_ms / 1000
@@ -124,10 +131,11 @@ def _last_shape_change(groups: list[FusionGroup]) -> str | None:
 
 
 def recompiles(seen: Observed) -> list[Finding]:
-    compile_s = _compile_seconds(seen)
+    background_s = _background_seconds(seen)
     found = []
     for (line, _), groups in _shape_storms(seen).items():
-        seconds = sum(g.run_ms / 1000 + compile_s.get(g.key, 0.0) for g in groups)
+        # (a compile the group waited for is in its run time already)
+        seconds = sum(g.run_ms / 1000 + background_s.get(g.key, 0.0) for g in groups)
         what = (
             f"{line}, a module's calls compiled whole, met {len(groups)} new shape(s): Dynamo compiles "
             "each, and runs the calls uncompiled past its limit of versions"

@@ -34,6 +34,7 @@ class Profile:
     spans: list[Span] = field(default_factory=list)
     time_split: dict[str, float] = field(default_factory=dict)  # seconds by part (collect.time_split)
     error: str | None = None
+    earlier_compiles_s: float = 0.0  # waited before the block for compiles earlier cells started
     done: bool = False
 
     def plot(self) -> Any:
@@ -48,6 +49,8 @@ class Profile:
         if not self.done:
             return "tpunb profile: still running (filled in when the block ends)"
         head = f"tpunb profile · {self.mode} · {self.runtime} ({self.device}) · {self.wall_s:.3f} s"
+        if self.earlier_compiles_s >= 0.01:
+            head += f" (after {self.earlier_compiles_s:.2f} s waiting for earlier cells' compiles)"
         lines = [head + (f" · stopped by {self.error}" if self.error else "")]
         lines += ["", "Findings"]
         lines += [
