@@ -13,6 +13,7 @@ compile in the background, as a notebook does, and swaps mid-loop.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable
 
@@ -289,3 +290,51 @@ def test_a_first_hot_call_dynamo_does_not_compile_is_recorded_from_then_on() -> 
     model = fused[0]
     assert model._compiled_call_impl is None  # recorded, never hot again
     assert engine.counts["recorded"] + engine.counts["followed"] > 0
+
+
+def test_a_language_model_compiled_whole_for_generation_then_fine_tuned_with_lora_matches_strict() -> None:
+    """transformers' Llama turns hot in ``generate()``, then trains inside peft's wrapper: its
+    training call is not the outermost, so ``backward()`` runs under the engine's mode, and
+    its compiled backward must still get plain gradients, the zeros autograd makes for the
+    key/value cache nothing used among them (they reached it as the engine's wrappers, and
+    it crashed reading them)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    prompt = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(prompt)
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+
+    def fine_tune(engine: FusionEngine | None) -> tuple[list[float], dict[str, torch.Tensor]]:
+        def scope(*adopted):
+            return engine.scope(SYNC, adopt=adopted) if engine else contextlib.nullcontext()
+
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).eval()
+        for _ in range(2):
+            with scope():
+                model.generate(prompt, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        tuned = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).train()
+        optimizer = torch.optim.SGD([p for p in tuned.parameters() if p.requires_grad], lr=0.1)
+        losses = []
+        for _ in range(HOT_AFTER + 3):
+            ids = torch.randint(0, 64, (4, 12))
+            with scope(tuned, optimizer):
+                loss = tuned(input_ids=ids, labels=ids).loss
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+        return losses, {n: p.detach().clone() for n, p in tuned.named_parameters() if p.requires_grad}
+
+    (strict_losses, strict_weights), (fused_losses, fused_weights) = fine_tune(None), fine_tune(engine)
+    assert fused_losses == pytest.approx(strict_losses, rel=1e-4, abs=1e-5)
+    for name, weight in fused_weights.items():
+        torch.testing.assert_close(weight, strict_weights[name], rtol=1e-4, atol=5e-5)
+    hot = {(g.key, g.status) for g in bus.recent("group") if not g.ops}
+    assert {("LlamaForCausalLM-whole", "hit"), ("LlamaForCausalLM-training", "hit")} <= hot, sorted(hot)

@@ -49,8 +49,8 @@ any more; its calls then compile through ``compile_later.py``: the captured grap
 once while the compile worker compiles forward and backward, and the compiled code is
 swapped in when ready. The loop around it (a batch drawn, the loss, ``backward()``) runs as
 eager PyTorch, and an optimizer over its now plain parameters steps eagerly, then compiled
-whole (hotsteps.py). Gradients reaching its compiled backward are made plain
-(``plain_gradients``).
+whole (hotsteps.py). Its backward runs as its forward did, on plain tensors outside
+recording (hot_backward.py).
 
 The first hot call compiles synchronously, as compile mode does (seconds; Dynamo compiles
 on the calling thread). A graph Inductor fails to compile runs as Dynamo captured it, op by
@@ -81,6 +81,7 @@ from tpunb.fuse.adopt import release_tensor
 from tpunb.fuse.compile_later import CompileLater, CountedGraph, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.graph import inductor_compile
+from tpunb.fuse.hot_backward import backward_as_forward, next_node_number
 from tpunb.fuse.settled import mark
 from tpunb.source import locate
 
@@ -287,6 +288,7 @@ class HotCall:
             seen: set[int] = set()
             args, kwargs = plain_values(engine, args, seen), plain_values(engine, kwargs, seen)
         graphs, runs = counters["stats"]["unique_graphs"], self.runs.count
+        first_node = next_node_number()
         with engine.hot.hooks.lifted(), _disable_current_modes():
             try:
                 out = self.compiled[now](*args, **kwargs)
@@ -324,7 +326,7 @@ class HotCall:
         if engine.hot._depth == 0 and not engine.trace.ops:
             engine.modes.step_aside(engine)  # the loop around it runs as eager PyTorch: aside.py
         if now == TRAINING:
-            plain_gradients(engine, out)
+            backward_as_forward(engine, out, first_node)
         return mark(out)  # and if it is recorded again, it works on these: settled.py
 
     def _refused_at_first_call(self, module: torch.nn.Module) -> None:
@@ -438,33 +440,6 @@ def calling(call_impl: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _CALL_NUMBERS = itertools.count(1)
-
-
-def plain_gradients(engine: FusionEngine, out: Any) -> None:
-    """The gradients reaching a hot training call's backward are plain tensors: its compiled
-    backward reads memory directly, and a loss recorded by the engine from its outputs would
-    send it the engine's wrappers. A hook on each output that needs a gradient materializes
-    what arrives (a plain gradient passes untouched)."""
-    for tensor in _tensors_in(out):
-        if tensor.requires_grad:
-            tensor.register_hook(
-                lambda grad: (
-                    engine.materialize(grad, "a hot call's gradient")
-                    if type(grad) is DeferredTensor
-                    else grad
-                )
-            )
-
-
-def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors_in(item)
-    elif isinstance(value, dict) or (hasattr(value, "values") and callable(value.values)):
-        for item in value.values():
-            yield from _tensors_in(item)
 
 
 def inductor_or_eager(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
