@@ -134,8 +134,12 @@ def recompiles(seen: Observed) -> list[Finding]:
     background_s = _background_seconds(seen)
     found = []
     for (line, _), groups in _shape_storms(seen).items():
-        # (a compile the group waited for is in its run time already)
-        seconds = sum(g.run_ms / 1000 + background_s.get(g.key, 0.0) for g in groups)
+        # a compile a group waited for is in its run time already; a background one counts
+        # once per key (a module compiled whole keeps one key for all its versions)
+        seconds = sum(g.run_ms for g in groups) / 1000
+        seconds += sum(background_s.get(key, 0.0) for key in {g.key for g in groups})
+        if not _worth(seconds, seen):
+            continue
         what = (
             f"{line}, a module's calls compiled whole, met {len(groups)} new shape(s): Dynamo compiles "
             "each, and runs the calls uncompiled past its limit of versions"
