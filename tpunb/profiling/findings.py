@@ -103,10 +103,10 @@ def _background_seconds(seen: Observed) -> dict[str, float]:
 def _compile_seconds(seen: Observed) -> dict[str, float]:
     """Compile time per group key: the background ones, and those in a group's own flush
     (``sync_compile``, PyTorch/XLA's graphs), which its record holds (inside its run time)."""
-    by_key = _background_seconds(seen)
+    by_key = _background_seconds(seen)  # (collect.py: no key a group waited for is among them)
     for group in seen.groups:
-        if group.compile_ms and group.key not in by_key:
-            by_key[group.key] = group.compile_ms / 1000
+        if group.compile_ms:
+            by_key[group.key] += group.compile_ms / 1000
     return by_key
 
 
