@@ -70,7 +70,7 @@ def load(shell: Any, version: str) -> None:
         install_tracebacks(shell)
         setattr(shell, _HOOKS_ATTR, hooks)
     if getattr(shell, "kernel", None) is not None:  # a kernel, so maybe a JupyterLab page
-        open_lab_link(session, version)
+        open_lab_link(session, version, shell.kernel)
     print(load_line(session, version))
 
 

@@ -5,7 +5,10 @@ Every message is a JSON dict with a ``type``:
 
 - page → kernel ``hello``: a page took the comm the kernel opened. Until a page speaks on a
   comm, nothing is sent on it after the first state: nbclient and a bare jupyter_client never
-  answer, and a kernel nobody looks at must not poll.
+  answer, and a kernel nobody looks at must not poll. A page sends ``hello``, ``monitor`` and,
+  while a cell runs, ``set_mode``/``set_precision`` on the kernel's control channel when the
+  state says ``control`` (``tpunb.lab_control``), naming the comm by ``comm_id``: there they
+  arrive while cells run, Run All's queued cells included.
 - kernel → page ``state``: runtime, device, mode (in effect now), default, the modes this
   runtime runs, whether a cell is running, a picked mode still pending, memory, all read
   from ``Session.stats()``. Sent when a comm opens and then whenever it changes (memory alone
@@ -14,8 +17,9 @@ Every message is a JSON dict with a ``type``:
   while the cell is still running.
 - page → kernel ``set_mode`` {mode}: the picker. Between cells it applies at once; if a cell
   is running it applies when that cell ends (``Session.request_default``) and ``pending``
-  says so meanwhile. A mode that is unknown or that this runtime cannot run is answered with
-  ``error`` {message}, and nothing changes.
+  says so meanwhile; one sent on the control channel waits for the running cell's end (or,
+  if none runs, the next cell's start). A mode that is unknown or that this runtime cannot run
+  is answered with ``error`` {message}, and nothing changes.
 - page → kernel ``monitor`` {open}: the side panel. While one is open the monitor's sampler
   feeds it ``monitor`` {state}, after one ``monitor_view`` {esm, css}: the widget's own view
   code, so the panel and the notebook widget are the same view.
@@ -34,6 +38,7 @@ import threading
 import time
 from typing import Any
 
+from tpunb.lab_control import ControlRequests
 from tpunb.mixed_precision import PrecisionError, parse_precision
 from tpunb.modes import ModeConfig, ModeError
 from tpunb.monitoring import sampler_for
@@ -44,18 +49,22 @@ from tpunb.session import Session
 TARGET = "tpunb"
 #: Memory moves all the time; alone it refreshes the status bar at most this often.
 MEMORY_PERIOD_S = 1.0
+#: What a page may ask over the control channel: nothing there runs on the notebook thread.
+CONTROL_REQUESTS = frozenset({"hello", "monitor", "set_mode", "set_precision"})
 
 
 class LabLink:
     """All comms of this kernel to the lab extension; a sink of the kernel's sampler while a
     page is there."""
 
-    def __init__(self, session: Session, version: str) -> None:
+    def __init__(self, session: Session, version: str, kernel: Any = None) -> None:
         self.session = session
         self.version = version
         self._comms: list[Any] = []
         self._heard: set[str] = set()  # ids of the comms a page has spoken on
         self._lock = threading.Lock()
+        self._control = ControlRequests(kernel, self._on_control) if kernel is not None else None
+        self._push_lock = threading.Lock()  # the sampler and the control thread both push
         self._sent: dict[str, Any] | None = None
         self._memory_sent_at = 0.0
         self._panel = PanelFeed(self)
@@ -67,6 +76,8 @@ class LabLink:
         from comm import get_comm_manager
 
         get_comm_manager().register_target(TARGET, self._accept)
+        if self._control is not None:
+            self._control.install()
         self.announce()
 
     def announce(self) -> None:
@@ -80,6 +91,8 @@ class LabLink:
         from comm import get_comm_manager
 
         get_comm_manager().unregister_target(TARGET, self._accept)
+        if self._control is not None:
+            self._control.uninstall()
         with self._lock:
             comms, self._comms = self._comms, []
             self._heard.clear()
@@ -133,6 +146,7 @@ class LabLink:
             "default_precision": stats["default_precision"],
             "precisions": stats["precisions_available"],
             "pending_precision": stats["pending_precision"],
+            "control": self._control is not None and self._control.installed,
         }
 
     def send(self, message: dict[str, Any]) -> None:
@@ -146,17 +160,18 @@ class LabLink:
         """Send the state if it changed since the last one sent (or always, with ``force``);
         a change of memory alone waits until MEMORY_PERIOD_S has passed."""
         state = self.state(stats)
-        sent = self._sent
-        if not force and sent is not None:
-            if state == sent:
-                return
-            memory_only = {**state, "memory": sent["memory"]} == sent
-            if memory_only and time.monotonic() - self._memory_sent_at < MEMORY_PERIOD_S:
-                return
-        self._sent = state
-        if sent is None or state["memory"] != sent["memory"]:
-            self._memory_sent_at = time.monotonic()
-        self.send(state)
+        with self._push_lock:
+            sent = self._sent
+            if not force and sent is not None:
+                if state == sent:
+                    return
+                memory_only = {**state, "memory": sent["memory"]} == sent
+                if memory_only and time.monotonic() - self._memory_sent_at < MEMORY_PERIOD_S:
+                    return
+            self._sent = state
+            if sent is None or state["memory"] != sent["memory"]:
+                self._memory_sent_at = time.monotonic()
+            self.send(state)
 
     # --- the sampler's sink ---------------------------------------------------------------
 
@@ -169,15 +184,29 @@ class LabLink:
     # --- page → kernel -------------------------------------------------------------------
 
     def _on_message(self, comm: Any, msg: dict[str, Any]) -> None:
+        self._handle(comm, msg["content"]["data"], off_thread=False)
+
+    def _on_control(self, request: dict[str, Any]) -> None:
+        """A request on the control channel (``tpunb.lab_control``), on its thread."""
+        with self._lock:
+            comm = next((c for c in self._comms if c.comm_id == request.get("comm_id")), None)
+        if comm is None:  # a comm this kernel no longer has (restarted, closed): nobody to answer
+            return
+        if request.get("type") not in CONTROL_REQUESTS:
+            refused = f"tpunb: {request.get('type')!r} is not served on control"
+            comm.send({"type": "error", "message": refused})
+            return
+        self._handle(comm, request, off_thread=True)
+
+    def _handle(self, comm: Any, data: dict[str, Any], off_thread: bool) -> None:
         self._heard_on(comm)
-        data = msg["content"]["data"]
         kind = data.get("type")
         if kind == "hello":
             self.push_state(self.session.stats(), force=True)
         elif kind == "set_mode":
-            self._set_mode(data.get("mode"))
+            self._set_mode(data.get("mode"), off_thread)
         elif kind == "set_precision":
-            self._set_precision(data.get("precision"))
+            self._set_precision(data.get("precision"), off_thread)
         elif kind == "monitor":
             self._panel.set_open(bool(data.get("open")))
         elif kind == "graph":
@@ -188,16 +217,16 @@ class LabLink:
         else:
             self.send({"type": "error", "message": f"tpunb: unknown request {kind!r}"})
 
-    def _set_mode(self, name: Any) -> None:
+    def _set_mode(self, name: Any, off_thread: bool) -> None:
         try:
-            self.session.request_default(ModeConfig.build(name), source="lab")
+            self.session.request_default(ModeConfig.build(name), source="lab", off_thread=off_thread)
         except (ModeError, ModeUnavailable) as error:
             self.send({"type": "error", "message": str(error)})
         self.push_state(self.session.stats(), force=True)
 
-    def _set_precision(self, name: Any) -> None:
+    def _set_precision(self, name: Any, off_thread: bool) -> None:
         try:
-            self.session.request_precision(parse_precision(name))
+            self.session.request_precision(parse_precision(name), off_thread=off_thread)
         except PrecisionError as error:
             self.send({"type": "error", "message": str(error)})
         self.push_state(self.session.stats(), force=True)
@@ -233,11 +262,12 @@ class PanelFeed:
 _link: LabLink | None = None
 
 
-def open_lab_link(session: Session, version: str) -> LabLink:
-    """The kernel's one link (``%load_ext`` again reuses it and re-announces the state)."""
+def open_lab_link(session: Session, version: str, kernel: Any = None) -> LabLink:
+    """The kernel's one link (``%load_ext`` again reuses it and re-announces the state);
+    ``kernel`` (ipykernel's) lets pages reach it over the control channel too."""
     global _link
     if _link is None or _link.session is not session:
-        _link = LabLink(session, version)
+        _link = LabLink(session, version, kernel)
         _link.open()
     elif _link.comm_count == 0:
         _link.announce()

@@ -4,11 +4,16 @@ change requested while a cell runs, kept for the cell's end.
 Execution mode and precision both work so (``%tpu_mode`` / ``%%tpu_mode`` / the lab's mode
 picker; ``%tpu_precision`` / ``%%tpu_precision`` / its precision picker): one class holds
 that state for both, and ``Session`` adds what differs (checks, events, the scope to open).
+
+A request can come from another thread (the lab's picker over the kernel's control channel,
+while the notebook thread runs a cell), so the pending request is set and taken under a lock;
+defaults and overrides change on the notebook thread only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -21,7 +26,8 @@ class ScopedSetting(Generic[Value]):
 
     def __init__(self, default: Value) -> None:
         self.default = default
-        self.pending: tuple[Value, str] | None = None
+        self._pending: tuple[Value, str] | None = None
+        self._pending_lock = threading.Lock()
         self._overrides: list[Value] = []
 
     @property
@@ -40,7 +46,17 @@ class ScopedSetting(Generic[Value]):
             self._overrides.pop()
             changed()
 
+    @property
+    def pending(self) -> tuple[Value, str] | None:
+        return self._pending
+
+    def request(self, value: Value, source: str) -> None:
+        """Hold ``value`` as the next default, from ``source``, until the notebook thread takes it."""
+        with self._pending_lock:
+            self._pending = (value, source)
+
     def take_pending(self) -> tuple[Value, str] | None:
-        """The requested default, now due (the cell ended); none is pending afterwards."""
-        pending, self.pending = self.pending, None
+        """The requested default, now due (a cell ended or begins); none is pending afterwards."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
         return pending

@@ -117,15 +117,14 @@ class Session:
         self._precisions.default = precision
         self._activate_now()
 
-    def request_precision(self, precision: Precision) -> bool:
-        """``set_precision`` from outside the running cell (the lab extension's picker): now
-        between cells, or when the running cell ends (``request_default``'s rule). Returns
-        whether it applied now."""
+    def request_precision(self, precision: Precision, off_thread: bool = False) -> bool:
+        """``set_precision`` from outside the running cell (the lab extension's picker), by
+        ``request_default``'s rule. Returns whether it applied now."""
         self.check_precision(precision)
-        if self.cell_running:
-            self._precisions.pending = (precision, "lab")
+        if self.cell_running or off_thread:
+            self._precisions.request(precision, "lab")
             return False
-        self._precisions.pending = None
+        self._precisions.take_pending()
         self.set_precision(precision)
         return True
 
@@ -169,15 +168,18 @@ class Session:
         if self._cell is not None or not self._in_notebook:
             self._activate()
 
-    def request_default(self, config: ModeConfig, source: str) -> bool:
+    def request_default(self, config: ModeConfig, source: str, off_thread: bool = False) -> bool:
         """``set_default`` from outside the running cell (the lab extension's picker): applied
         now between cells, or kept and applied when the running cell ends, so a cell never
-        changes mode halfway because someone clicked. Returns whether it applied now."""
+        changes mode halfway because someone clicked. A request from another thread
+        (``off_thread``: the picker over the control channel while cells run) is always kept:
+        scopes open and close on the notebook thread only, which applies it when its running
+        cell ends or its next one begins. Returns whether it applied now."""
         self.check_supported(config)
-        if self.cell_running:
-            self._modes.pending = (config, source)
+        if self.cell_running or off_thread:
+            self._modes.request(config, source)
             return False
-        self._modes.pending = None
+        self._modes.take_pending()
         self.set_default(config, source=source)
         return True
 
@@ -227,6 +229,7 @@ class Session:
         """A cell starts; ``source`` (its text) lets its time be compared with the same code's
         in other modes."""
         self._in_notebook = True
+        self._apply_pending()
         self._cell = _CellWindow(
             number,
             source=source,
@@ -246,11 +249,15 @@ class Session:
             self.runtime.synchronize()
         finally:
             record = self._record(cell, error) if cell is not None else None
-            if (mode := self._modes.take_pending()) is not None:
-                self.set_default(*mode)
-            if (precision := self._precisions.take_pending()) is not None:
-                self.set_precision(precision[0])
+            self._apply_pending()
         return record
+
+    def _apply_pending(self) -> None:
+        """Requests kept while a cell ran (or made from another thread) take effect now."""
+        if (mode := self._modes.take_pending()) is not None:
+            self.set_default(*mode)
+        if (precision := self._precisions.take_pending()) is not None:
+            self.set_precision(precision[0])
 
     def _record(self, cell: _CellWindow, error: BaseException | None) -> CellRun:
         memory = self.runtime.memory() if cell.peak_resettable else None

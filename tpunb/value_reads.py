@@ -26,6 +26,24 @@ VALUE_READS: dict[Any, str] = {
 }
 
 
+#: Why the fused engine flushed for a read (an op it ran for values, or the method of its
+#: tensor that read them), by the name a user knows it by: the monitor's trigger column and
+#: the profiler's waits show these words.
+ENGINE_READS = {
+    "aten._local_scalar_dense": ".item()",
+    "aten.is_nonzero": "if tensor / bool()",
+    "tolist()": ".tolist()",
+    "numpy()": ".numpy()",
+    "cpu()": ".cpu()",
+    "repr()": "print / repr",
+}
+
+
+def flush_reason(reason: str) -> str:
+    """A flush reason in the user's words (``.item()`` for ``aten._local_scalar_dense``)."""
+    return ENGINE_READS.get(reason, reason)
+
+
 def read_name(func: Any, args: tuple, kwargs: dict[str, Any]) -> str | None:
     """What ``func(*args, **kwargs)`` reads to the host (``".item()"``), or None if it reads nothing."""
     name = VALUE_READS.get(func)

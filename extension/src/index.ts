@@ -27,7 +27,7 @@ const OPEN_MONITOR = 'tpunb:open-monitor';
 
 /**
  * Gives every notebook a link to tpunb in its kernel and a mode picker in its toolbar.
- * The link lives as long as the notebook panel; the picker is hidden until tpunb loads.
+ * The link lives as long as the notebook panel; the picker is disabled until tpunb loads.
  */
 class NotebookLinks implements DocumentRegistry.IWidgetExtension<
   NotebookPanel,

@@ -8,6 +8,15 @@ import { asKernelState, IKernelState } from './state';
 /** The comm target tpunb's kernel side opens and accepts (tpunb/labcomm.py). */
 export const TARGET = 'tpunb';
 
+/**
+ * Requests the kernel serves on its control channel (tpunb/lab_control.py) when its state says
+ * `control`: there they arrive while cells run, where the shell channel queues them behind
+ * every cell of a Run All. A pick goes there only while the kernel is busy, since the kernel
+ * applies a pick made there when a cell ends or begins, and one made between cells at once.
+ */
+const ON_CONTROL = new Set(['hello', 'monitor']);
+const ON_CONTROL_WHILE_BUSY = new Set(['set_mode', 'set_precision']);
+
 /** A message from the kernel other than state: monitor ticks, its view code, graphs, errors. */
 export interface IKernelMessage {
   type: string;
@@ -69,8 +78,26 @@ export class KernelLink implements IDisposable {
 
   /** Send a request to the kernel's tpunb (dropped when tpunb is not loaded there). */
   send(message: IKernelMessage): void {
-    if (this._comm && !this._comm.isDisposed) {
-      this._comm.send(message as any);
+    const comm = this._comm;
+    if (!comm || comm.isDisposed) {
+      return;
+    }
+    const kernel = this._kernel;
+    if (kernel && this._servedOnControl(kernel, message)) {
+      // a comm-info request carries it: served on control, its busy/idle ignored by the page
+      const request = KernelMessage.createMessage<any>({
+        msgType: 'comm_info_request',
+        channel: 'control',
+        session: kernel.clientId,
+        username: kernel.username,
+        content: {
+          target_name: TARGET,
+          tpunb: { ...message, comm_id: comm.commId }
+        }
+      });
+      kernel.sendControlMessage(request, true, true);
+    } else {
+      comm.send(message as any);
     }
   }
 
@@ -81,6 +108,20 @@ export class KernelLink implements IDisposable {
     this._disposed = true;
     this._detach();
     Signal.clearData(this);
+  }
+
+  private _servedOnControl(
+    kernel: Kernel.IKernelConnection,
+    message: IKernelMessage
+  ): boolean {
+    if (this._state?.control !== true) {
+      return false;
+    }
+    const busy = kernel.status === 'busy' || this._state.busy;
+    return (
+      ON_CONTROL.has(message.type) ||
+      (busy && ON_CONTROL_WHILE_BUSY.has(message.type))
+    );
   }
 
   private _onKernelChanged(
@@ -118,7 +159,7 @@ export class KernelLink implements IDisposable {
     kernel.registerCommTarget(TARGET, (comm, message) => {
       this._use(comm, message.content.data);
       // the kernel sends on its comm only once a page has said it is there
-      comm.send({ type: 'hello' });
+      this.send({ type: 'hello' });
     });
     void this._findOpenComm(kernel);
   }

@@ -39,6 +39,8 @@ export interface IKernelState {
   precisions?: string[];
   /** A precision picked while a cell ran: applied when that cell ends. */
   pending_precision?: string | null;
+  /** The kernel serves the page's requests on its control channel (tpunb/lab_control.py). */
+  control?: boolean;
 }
 
 const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];

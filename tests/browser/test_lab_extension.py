@@ -68,9 +68,9 @@ def test_status_item_and_mode_picker_follow_the_kernel(lab, page):
     dismiss_news_toast(page)
     wait_kernel_idle(page)
 
-    # a kernel without tpunb: no status item, no picker
+    # a kernel without tpunb: no status item, a picker that says how to load tpunb
     assert not page.locator(STATUS).is_visible()
-    assert not page.locator(PICKER).is_visible()
+    assert page.locator(PICKER).is_disabled()
 
     run_cell(page, 0)
     text = wait_status(page, "^tpunb · strict · host RSS ", timeout_ms=60_000)
@@ -105,17 +105,15 @@ def test_status_item_and_mode_picker_follow_the_kernel(lab, page):
     assert printed(page, 3) == "started"
     page.locator(PICKER).select_option("strict")
     page.wait_for_function(
-        f"() => (document.querySelector({NOTE!r})?.textContent ?? '').includes('from the next cell')",
+        f"() => (document.querySelector({NOTE!r})?.title ?? '').includes('from the next cell')",
         timeout=5_000,
     )
-    note = page.locator(NOTE).inner_text()
+    note = page.locator(NOTE).get_attribute("title")
     assert note == "strict from the next cell (this one keeps running in fused)", note
     assert page.locator(PICKER).input_value() == "strict"
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "lab-extension-pending-pick.png"))
     assert printed(page, 3, line=1, timeout_ms=30_000) == "slept in fused"
     wait_status(page, "^tpunb · strict · ")
-    page.wait_for_function(f"() => document.querySelector({NOTE!r}).textContent === ''")
+    page.wait_for_function(f"() => document.querySelector({NOTE!r}).title === ''")
     run_cell(page, 4)
     assert printed(page, 4) == "now in strict"
 
@@ -127,12 +125,11 @@ def test_status_item_and_mode_picker_follow_the_kernel(lab, page):
         "() => /strict/.test(document.querySelector('#tpunb-monitor .tpunb-mode')?.textContent ?? '')",
         timeout=10_000,
     )
-    page.screenshot(path=str(ARTIFACTS / "lab-extension-monitor-panel.png"))
 
     # a restart forgets tpunb until the new kernel loads it again
     page.evaluate(f"() => {APP}.sessionContext.session.kernel.restart()")
     page.wait_for_function(f"() => !document.querySelector({STATUS!r})?.offsetParent", timeout=30_000)
-    assert not page.locator(PICKER).is_visible()
+    assert page.locator(PICKER).is_disabled()
     assert "Load tpunb" in panel.inner_text()
     wait_kernel_idle(page)
     run_cell(page, 0)
@@ -183,3 +180,143 @@ def test_jupyterlab_lists_the_extension_as_enabled():
     )
     line = next((x for x in (listed.stdout + listed.stderr).splitlines() if "tpunb-lab" in x), "")
     assert re.search(r"tpunb-lab v\d+\.\d+\.\d+ .*enabled.*OK", line), listed.stdout + listed.stderr
+
+
+RUN_ALL_CELLS = [
+    "%load_ext tpunb\nimport time, torch, tpunb",
+    "%%tpu_mode debug\ntime.sleep(6)",
+    "print('mode', tpunb.current_mode())",
+    "%%tpu_mode strict\ntime.sleep(4)",
+    "print('done')",
+]
+
+
+def test_status_and_picks_are_live_during_a_run_all_on_a_restarted_kernel(lab, page):
+    """A new user's first run: Restart and Run All. The page hears the kernel and the kernel
+    hears the page while the queued cells run, not after the last one."""
+    url, root = lab
+    write_notebook(root / "runall.ipynb", RUN_ALL_CELLS)
+    page.goto(f"{url}/lab/tree/runall.ipynb")
+    dismiss_news_toast(page)
+    wait_kernel_idle(page)
+    page.evaluate(f"async () => {{ await {APP}.sessionContext.session.kernel.restart(); }}")
+    wait_kernel_idle(page)
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    wait_status(page, "^tpunb · debug · ", timeout_ms=60_000)  # cell 1 runs in debug
+    assert not cell_output(page, 2)  # ... and the status says so before the queued cells ran
+    page.locator(PICKER).select_option("fused")
+    page.wait_for_function(
+        f"() => (document.querySelector({NOTE!r})?.title ?? '').includes('fused from the next cell')",
+        timeout=5_000,
+    )
+    assert printed(page, 2, timeout_ms=60_000) == "mode fused"  # the next cell, not after the last
+    wait_status(page, "^tpunb · strict · ", timeout_ms=20_000)  # cell 3's %%tpu_mode strict, live
+    assert not cell_output(page, 4)
+    assert printed(page, 4, timeout_ms=30_000) == "done"
+    wait_status(page, "^tpunb · fused · ")
+    assert page.evaluate(f"() => {APP}.sessionContext.session.kernel.status") == "idle"
+
+
+def cell_output(page, index: int) -> str:
+    return page.evaluate(f"() => {APP}.content.widgets[{index}].outputArea.node.innerText.trim()")
+
+
+def prompt_number(page, index: int) -> int:
+    prompt = page.evaluate(f"() => {APP}.content.widgets[{index}].promptNode.innerText")
+    return int(re.search(r"\[(\d+)\]", prompt)[1])
+
+
+def toolbar_box(page) -> dict:
+    """Where the picker is, and whether the toolbar moved it into its overflow menu."""
+    return page.evaluate(
+        """() => {
+            const picker = document.querySelector('.tpunb-ModePicker');
+            const box = picker.getBoundingClientRect();
+            return {width: box.width, shown: box.width > 0 && picker.offsetParent !== null,
+                    overflowed: picker.closest('.jp-Toolbar-responsive-popup') !== null};
+        }"""
+    )
+
+
+def test_the_picker_keeps_its_place_and_width_and_the_panel_fits(lab, page):
+    url, root = lab
+    cells = [
+        "%load_ext tpunb\nimport time, torch, tpunb",
+        "%%tpu_mode fused\nw = torch.randn(256, 256)\nfor _ in range(4):\n    (w @ w).relu().sum().item()",
+        "print('sleeping', flush=True)\ntime.sleep(6)",
+    ]
+    write_notebook(root / "picker.ipynb", cells)
+    page.goto(f"{url}/lab/tree/picker.ipynb")
+    dismiss_news_toast(page)
+    wait_kernel_idle(page)
+    page.evaluate("() => window.jupyterapp.commands.execute('tpunb:open-monitor')")
+    # before tpunb loads: there, disabled, saying how to load it
+    before = toolbar_box(page)
+    assert before["shown"] and not before["overflowed"], before
+    assert page.locator(PICKER).is_disabled()
+    assert "%load_ext tpunb" in page.locator(".tpunb-ModePicker").get_attribute("title")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "lab-extension-picker-before-load.png"))
+    run_cell(page, 0)
+    wait_status(page, "^tpunb · strict · ", timeout_ms=60_000)
+    assert not page.locator(PICKER).is_disabled()
+    assert toolbar_box(page) == before
+    run_cell(page, 1)
+    page.wait_for_function("() => document.querySelector('#tpunb-monitor tbody tr') !== null", timeout=60_000)
+    # a pick that waits for the running cell: a marker, the sentence on hover, the same width
+    run_cell(page, 2)
+    assert printed(page, 2) == "sleeping"
+    wait_status(page, "^tpunb · strict · ")
+    page.locator(PICKER).select_option("debug")
+    page.wait_for_function(f"() => document.querySelector({NOTE!r}).title !== ''", timeout=5_000)
+    note = page.locator(NOTE).get_attribute("title")
+    assert note == "debug from the next cell (this one keeps running in strict)", note
+    assert toolbar_box(page) == before
+    page.screenshot(path=str(ARTIFACTS / "lab-extension-pending-pick.png"))
+    # the side panel at its default width: header whole, the group table within the panel
+    panel = page.evaluate(
+        """() => {
+            const panel = document.querySelector('#tpunb-monitor');
+            const right = panel.getBoundingClientRect().right;
+            const parts = [...panel.querySelectorAll(
+                '.tpunb-header > *, .tpunb-group-table, .tpunb-group-table td:not(.tpunb-detail)')];
+            return {width: panel.getBoundingClientRect().width,
+                    outside: parts.filter(p => p.getBoundingClientRect().right > right + 1)
+                        .map(p => p.className),
+                    columns: [...panel.querySelectorAll('.tpunb-group-table tbody tr:first-child td')]
+                        .filter(td => td.offsetParent !== null).map(td => td.className),
+                    text: panel.innerText};
+        }"""
+    )
+    assert not panel["outside"], panel
+    shown = ["tpunb-col-" + name for name in ("status", "runs", "ops", "trigger", "run")]
+    assert panel["columns"] == shown, panel
+    text = panel["text"]
+    assert ".item() at Cell In[" in text and "_local_scalar_dense" not in text and "tick" not in text, text
+    page.locator("#tpunb-monitor").screenshot(path=str(ARTIFACTS / "lab-extension-monitor-panel.png"))
+    wait_status(page, "^tpunb · debug · ", timeout_ms=30_000)
+    after = toolbar_box(page)
+    assert after == before, after
+
+
+def test_cell_numbers_in_an_error_and_a_trigger_are_the_prompts(lab, page):
+    url, root = lab
+    cells = [
+        "%load_ext tpunb\nimport torch, tpunb",
+        "%%tpu_mode debug\nx = torch.zeros(3)\ny = torch.log(x)",
+        "%%tpu_mode fused\nw = torch.randn(256, 256)\nprint((w @ w).relu().sum().item())",
+        "print(tpunb.stats()['groups'][-1]['trigger'])",
+    ]
+    write_notebook(root / "numbers.ipynb", cells)
+    page.goto(f"{url}/lab/tree/numbers.ipynb")
+    dismiss_news_toast(page)
+    wait_kernel_idle(page)
+    for index in range(4):
+        run_cell(page, index)
+        page.wait_for_function(
+            f"() => /\\[\\d+\\]/.test({APP}.content.widgets[{index}].promptNode.innerText)", timeout=60_000
+        )
+    error = cell_output(page, 1)
+    assert f"Cell In[{prompt_number(page, 1)}], line 3" in error, error
+    trigger = printed(page, 3)
+    assert trigger == f".item() at Cell In[{prompt_number(page, 2)}], line 3", trigger

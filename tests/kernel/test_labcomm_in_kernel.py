@@ -179,3 +179,66 @@ def test_the_side_panel_gets_the_monitor_view_and_live_ticks(fresh_kernel: Kerne
     fresh_kernel.run("z = (torch.ones(8) + 1).sum().item()")
     with pytest.raises(AssertionError, match="condition not met"):
         comm_data(fresh_kernel, lambda d: d.get("type") == "monitor", timeout=2)
+
+
+def control_request(kernel: Kernel, comm_id: str, data: dict[str, Any]) -> str:
+    """A request the way the page sends it while cells run (tpunb/lab_control.py): a comm-info
+    request for the target on the control channel, carrying the request."""
+    content = {"target_name": "tpunb", "tpunb": {**data, "comm_id": comm_id}}
+    msg = kernel.client.session.msg("comm_info_request", content)
+    kernel.client.control_channel.send(msg)
+    return msg["header"]["msg_id"]
+
+
+def test_a_hello_on_the_control_channel_reaches_tpunb_while_a_run_all_is_queued(fresh_kernel: Kernel) -> None:
+    """Run All on a fresh kernel: the page's hello must not wait behind the queued cells."""
+    comm_id, first = load_and_open(fresh_kernel, hello=False)
+    assert first["control"] is True
+    running = fresh_kernel.client.execute("%%tpu_mode debug\nimport time; time.sleep(4)")
+    queued = fresh_kernel.client.execute("time.sleep(2)")
+    time.sleep(0.5)  # the cell has started; no page has said hello, so nothing is sent yet
+    sent = time.monotonic()
+    msg_id = control_request(fresh_kernel, comm_id, {"type": "hello"})
+    live = comm_data(fresh_kernel, lambda d: d.get("type") == "state" and d["mode"] == "debug", timeout=3)
+    assert live[-1]["busy"] is True and time.monotonic() - sent < 3  # the running cell's mode, now
+    # ipykernel still answers the comm-info request itself, and its busy/idle names that type,
+    # which JupyterLab ignores (so its kernel indicator stays busy under the running cell)
+    reply = fresh_kernel.client.get_control_msg(timeout=5)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert list(reply["content"]["comms"]) == [comm_id]
+    fresh_kernel.collect(running)
+    fresh_kernel.collect(queued)
+    assert tpunb_threads(fresh_kernel).count("tpunb-sampler") == 1
+
+
+def test_a_pick_on_the_control_channel_applies_from_the_next_cell(fresh_kernel: Kernel) -> None:
+    comm_id, _ = load_and_open(fresh_kernel)
+    running = fresh_kernel.client.execute("import time; time.sleep(3); print('ran in', tpunb.current_mode())")
+    queued = fresh_kernel.client.execute("print('next in', tpunb.current_mode())")
+    comm_data(fresh_kernel, lambda d: d.get("busy") is True)
+    control_request(fresh_kernel, comm_id, {"type": "set_mode", "mode": "fused"})
+    waiting = comm_data(fresh_kernel, lambda d: d.get("pending") == "fused", timeout=2)[-1]
+    assert waiting["busy"] is True and waiting["default"] == "strict"
+    assert "ran in strict" in fresh_kernel.collect(running).stdout  # never halfway through a cell
+    assert "next in fused" in fresh_kernel.collect(queued).stdout  # the next queued cell, not the last
+    # with no cell running, a pick made there waits for the next cell to begin
+    control_request(fresh_kernel, comm_id, {"type": "set_precision", "precision": "bf16"})
+    comm_data(fresh_kernel, lambda d: d.get("pending_precision") == "bf16" and d["busy"] is False)
+    assert "bf16" in fresh_kernel.run("print(tpunb.stats()['precision'])").stdout
+    # a bad pick is refused as on the shell channel; requests that run code are not served there
+    control_request(fresh_kernel, comm_id, {"type": "set_mode", "mode": "turbo"})
+    error = comm_data(fresh_kernel, lambda d: d.get("type") == "error")[-1]
+    assert error["message"].startswith("unknown mode 'turbo'")
+    control_request(fresh_kernel, comm_id, {"type": "graph", "key": "x"})
+    error = comm_data(fresh_kernel, lambda d: d.get("type") == "error")[-1]
+    assert error["message"] == "tpunb: 'graph' is not served on control"
+
+
+def test_unloading_gives_the_kernel_its_own_comm_info_handler_back(fresh_kernel: Kernel) -> None:
+    comm_id, _ = load_and_open(fresh_kernel)
+    handler = "get_ipython().kernel.control_handlers['comm_info_request']"
+    assert fresh_kernel.value(f"{handler}.__qualname__") == "ControlRequests._serve"
+    assert fresh_kernel.run("%unload_ext tpunb").error is None
+    assert fresh_kernel.value(f"{handler} == get_ipython().kernel.comm_info_request") is True
+    control_request(fresh_kernel, comm_id, {"type": "hello"})
+    assert fresh_kernel.client.get_control_msg(timeout=5)["content"]["status"] == "ok"

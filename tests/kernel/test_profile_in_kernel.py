@@ -127,9 +127,7 @@ def test_an_item_every_step_is_a_host_sync_finding_at_its_line(profiled):
     waits = last(profiled, "waits")
     assert waits == [{**waits[0], "count": 12, "what": ".item()"}]
     # one group a step, as without the profiler (whose shape recording would split each step)
-    assert [g["trigger"].split(" at ")[0] for g in last(profiled, "groups")] == [
-        "aten._local_scalar_dense"
-    ] * 12
+    assert [g["trigger"].split(" at ")[0] for g in last(profiled, "groups")] == [".item()"] * 12
 
 
 def test_a_fused_loop_of_tiny_ops_is_a_capture_finding(profiled):

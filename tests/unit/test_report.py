@@ -45,7 +45,7 @@ def group(
         ops=ops,
         top_ops={},
         input_shapes=[],
-        trigger="aten._local_scalar_dense at Cell In[4], line 3",
+        trigger=".item() at Cell In[4], line 3",
         source="Cell In[4], line 1",
         status=status,
         compile_ms=None,

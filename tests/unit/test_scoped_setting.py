@@ -24,6 +24,6 @@ def test_overrides_nest_and_unwind_even_on_error_telling_the_session_each_time()
 
 def test_a_pending_request_is_taken_once():
     setting = ScopedSetting("fp32")
-    setting.pending = ("bf16", "lab")
+    setting.request("bf16", "lab")
     assert setting.take_pending() == ("bf16", "lab")
     assert setting.take_pending() is None and setting.effective == "fp32"

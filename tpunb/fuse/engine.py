@@ -79,6 +79,7 @@ from tpunb.fuse.trace import Trace, tensor_meta
 from tpunb.fuse.views import INPLACE_VIEWS, STORAGE_CHANGING, as_recorded, restride
 from tpunb.fuse.workarounds import skip_dynamo_in
 from tpunb.source import SourceLocation, locate, user_frame
+from tpunb.value_reads import flush_reason
 
 #: Default bound on ops per group: compile time grows with graph size (research/fusion.md).
 MAX_OPS = 1000
@@ -508,7 +509,7 @@ class FusionEngine:
                 ops=len(trace.ops),
                 top_ops=histogram,
                 input_shapes=[list(m[0]) for m in trace.input_metas[:8]],
-                trigger=f"{reason} at {where.label}" if where else reason,
+                trigger=f"{flush_reason(reason)} at {where.label}" if where else flush_reason(reason),
                 source=op_location(first),
                 status=status,
                 compile_ms=variant.compile_ms if status == "miss" and self.options.sync_compile else None,

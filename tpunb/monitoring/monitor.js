@@ -1,5 +1,8 @@
 // tpunb monitor: renders the `state` trait the kernel's sampler thread replaces each tick.
 // Everything is rebuilt from state on each change: the state is small and ticks are 2-5 Hz.
+// The same view fills a notebook's output and JupyterLab's side panel: it lays out for the
+// width it gets (monitor.css folds the group table's detail columns in a narrow one), and
+// every cell that may be cut short carries its whole text as a tooltip.
 
 const NA = "n/a";
 
@@ -108,6 +111,18 @@ function cacheSection(state) {
   return section;
 }
 
+// [title, detail]: where the view is narrow (a side panel) the detail columns fold away and
+// each group is two lines: status, runs, ops and run time, then its trigger
+const GROUP_COLUMNS = [
+  ["status", false], ["runs", false], ["ops", false], ["top ops", true], ["inputs", true],
+  ["trigger", false], ["capture", true], ["compile", true], ["run", false],
+];
+
+function columnClass(title, detail) {
+  const column = `tpunb-col-${title.replace(" ", "-")}`;
+  return detail ? `${column} tpunb-detail` : column;
+}
+
 function groupsSection(state, model) {
   const section = element("section", "tpunb-groups");
   const heading = element("h4", "", `fusion groups · ${state.groups_total ?? 0}`);
@@ -115,8 +130,8 @@ function groupsSection(state, model) {
   section.appendChild(heading);
   const table = element("table", "tpunb-group-table");
   const head = table.createTHead().insertRow();
-  for (const title of ["status", "runs", "ops", "top ops", "inputs", "trigger", "capture", "compile", "run"]) {
-    head.appendChild(element("th", "", title));
+  for (const [title, detail] of GROUP_COLUMNS) {
+    head.appendChild(element("th", columnClass(title, detail), title));
   }
   const body = table.createTBody();
   for (const group of state.groups || []) {
@@ -129,9 +144,13 @@ function groupsSection(state, model) {
     // one row per distinct group: how often it ran, and how long a background compile has taken
     const status = group.compiling_s != null ? `compiling ${group.compiling_s.toFixed(1)} s` : group.status;
     const runs = `×${group.count ?? 1}`;
-    for (const value of [status, runs, group.ops, topOps, shapes, group.trigger, ...timings]) {
-      row.insertCell().textContent = String(value);
-    }
+    const values = [status, runs, group.ops, topOps, shapes, group.trigger, ...timings];
+    values.forEach((value, i) => {
+      const cell = row.insertCell();
+      cell.textContent = String(value);
+      cell.title = String(value);
+      cell.className = columnClass(...GROUP_COLUMNS[i]);
+    });
     row.addEventListener("click", () => model.send({ type: "graph", key: group.key }));
   }
   section.appendChild(table);
@@ -156,9 +175,6 @@ function render({ model, el }) {
     const precision = element("span", "tpunb-precision", state.precision ?? "fp32");
     precision.dataset.role = "precision";
     header.appendChild(precision);
-    const tick = element("span", "tpunb-tick", `tick ${state.tick ?? 0}`);
-    tick.dataset.role = "tick";
-    header.appendChild(tick);
     root.appendChild(header);
     const panels = element("div", "tpunb-panels");
     panels.appendChild(memorySection(state));

@@ -24,16 +24,6 @@ from tpunb.fuse.deferred import DeferredTensor
 from tpunb.source import locate
 from tpunb.value_reads import read_name
 
-#: The fused engine's flush reasons for reads, as users write them.
-ENGINE_READS = {
-    "aten._local_scalar_dense": ".item()",
-    "aten.is_nonzero": "if tensor / bool()",
-    "tolist()": ".tolist()",
-    "numpy()": ".numpy()",
-    "cpu()": ".cpu()",
-    "repr()": "print / repr",
-}
-
 
 @dataclass(frozen=True)
 class Wait:
@@ -76,7 +66,7 @@ def engine_waits(groups: Iterable[FusionGroup]) -> list[Wait]:
         if group.wait:
             reason = group.trigger.removesuffix(f" at {group.at}") if group.at else group.trigger
             seconds = max(0.0, group.run_ms - (group.compile_ms or 0.0)) / 1000
-            waits.append(Wait(ENGINE_READS.get(reason, reason), group.at or "?", seconds, group.time))
+            waits.append(Wait(reason, group.at or "?", seconds, group.time))
     return waits
 
 

@@ -23,6 +23,13 @@ class MemoryInfo:
     limit: int | None
     label: str  # what the numbers measure: "HBM", "CUDA memory", "host RSS"
 
+    def __post_init__(self) -> None:
+        # Used and peak come from two readings (the host's RSS now and the kernel's high-water
+        # mark; a device's live bytes and its counter), which can cross by a page: a peak
+        # shown below current use (493.4 MiB used, 493.2 MiB peak) reads as a bug.
+        if self.used is not None and self.peak is not None and self.peak < self.used:
+            object.__setattr__(self, "peak", self.used)
+
 
 @dataclass(frozen=True)
 class CacheStats:
