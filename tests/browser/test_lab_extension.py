@@ -285,10 +285,16 @@ def test_the_picker_keeps_its_place_and_width_and_the_panel_fits(lab, page):
                         .map(p => p.className),
                     columns: [...panel.querySelectorAll('.tpunb-group-table tbody tr:first-child td')]
                         .filter(td => td.offsetParent !== null).map(td => td.className),
+                    overlaps: [...panel.querySelectorAll('.tpunb-group-table tbody tr')].flatMap(row => {
+                        const cells = [...row.children].filter(td => td.offsetParent !== null)
+                            .map(td => td.getBoundingClientRect());
+                        return cells.filter((a, i) => cells.slice(i + 1).some(b =>
+                            a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom));
+                    }).length,
                     text: panel.innerText};
         }"""
     )
-    assert not panel["outside"], panel
+    assert not panel["outside"] and not panel["overlaps"], panel
     shown = ["tpunb-col-" + name for name in ("status", "runs", "ops", "trigger", "run")]
     assert panel["columns"] == shown, panel
     text = panel["text"]
