@@ -326,3 +326,24 @@ def test_cell_numbers_in_an_error_and_a_trigger_are_the_prompts(lab, page):
     assert f"Cell In[{prompt_number(page, 1)}], line 3" in error, error
     trigger = printed(page, 3)
     assert trigger == f".item() at Cell In[{prompt_number(page, 2)}], line 3", trigger
+
+
+def test_in_notebook_7_a_pick_made_during_a_run_all_applies_from_the_next_cell(lab, page):
+    """Notebook 7 loads the same extension: its toolbar has the picker (it has no status bar).
+    Driven through its page alone: galata's window.jupyterapp is JupyterLab's."""
+    url, root = lab
+    write_notebook(root / "nb7.ipynb", RUN_ALL_CELLS[:3])
+    page.goto(f"{url}/notebooks/nb7.ipynb")
+    dismiss_news_toast(page)
+    page.locator(PICKER).wait_for(timeout=60_000)
+    assert page.locator(PICKER).is_disabled()
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_text("Run All Cells", exact=True).click()
+    page.wait_for_function(f"() => !document.querySelector({PICKER!r}).disabled", timeout=120_000)
+    prompts = "[...document.querySelectorAll('.jp-Cell .jp-InputPrompt')].map(p => p.textContent)"
+    cell_1_running = f"() => ({prompts})[1].includes('*') && /\\d/.test(({prompts})[0])"
+    page.wait_for_function(cell_1_running, timeout=60_000)
+    page.locator(PICKER).select_option("fused")
+    last = "document.querySelectorAll('.jp-Cell')[2].querySelector('.jp-OutputArea')?.innerText ?? ''"
+    page.wait_for_function(f"() => /mode /.test({last})", timeout=60_000)
+    assert page.evaluate(f"() => {last}").strip().splitlines()[0] == "mode fused"
