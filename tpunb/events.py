@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar
 
 #: How many records of each kind are kept; old ones fall off the end.
@@ -66,6 +67,20 @@ class CellRun(Record):
     storm: str | None = None  # compile mode: the recompile storm stopped in the cell
 
 
+class GroupStatus(StrEnum):
+    """What happened to a fusion group: the one vocabulary every runtime writes into its
+    records and every view reads (the monitor's script too, which styles a row by it:
+    ``tpunb-status-compile-failed`` in monitor.css). Its members are strings, so records stay
+    plain JSON for the comm, the widget and ``tpunb.stats()``."""
+
+    HIT = "hit"  # ran compiled code the cache already had
+    MISS = "miss"  # seen first: ran op by op (or compiled first, with --sync-compile)
+    COMPILING = "compiling"  # ran op by op while its compile runs in the background
+    EAGER = "eager"  # runs op by op for good: its compile failed or is off, or Dynamo refused it
+    COMPILED = "compiled"  # (views) its background compile has finished since it last ran
+    COMPILE_FAILED = "compile failed"  # (views, and runtimes that compile as they run) it failed
+
+
 #: The end of a hot optimizer step's group key, after the optimizer's class (fuse/hotsteps.py).
 OPTIMIZER_STEP_SUFFIX = "-step"
 
@@ -81,11 +96,12 @@ class FusionGroup(Record):
     input_shapes: list[list[int]]
     trigger: str  # what flushed it, and where: "item at Cell In[7], line 3"
     source: str  # where its first op was recorded
-    status: str  # hit | miss | compiling | eager
+    status: GroupStatus
     compile_ms: float | None  # a compile this group's run waited for (part of run_ms)
     run_ms: float
     lifted: int  # floats fed as inputs instead of baked in
     miss_reason: str | None = None  # on a miss: what differs from the last group of the same ops
+    plan: str | None = None  # why it ran compiled or op by op, and whether it compiles (fuse/plan.py)
     capture_ms: float = 0.0  # the engine's time recording its ops, before it ran
     eager_ms: float | None = None  # its ops run one by one, when it last replayed (strict's cost)
     wait: bool = False  # flushed because the host needed values now (a read, an op that cannot wait)

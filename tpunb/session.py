@@ -22,7 +22,7 @@ from tpunb import compiler_noise
 from tpunb.advice import CellTimes, fused_slower
 from tpunb.cellcompile import CellCompiler
 from tpunb.events import CellRun, EventBus, ModeChange
-from tpunb.groupfold import GroupFold
+from tpunb.group_rows import GroupRows
 from tpunb.mixed_precision import (
     DEFAULT_PRECISION,
     Precision,
@@ -62,7 +62,7 @@ class Session:
         self._active: tuple[tuple[ModeConfig, Precision], ExitStack] | None = None
         self._cell: _CellWindow | None = None
         self._cell_compiler: CellCompiler | None = None
-        self.group_rows = GroupFold()
+        self.group_rows = GroupRows()
         self.bus.subscribe(self.group_rows.observe)
         self.cell_times = CellTimes()
 

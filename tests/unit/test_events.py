@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import threading
 
-from tpunb.events import EventBus, ModeChange
+from tpunb.events import EventBus, FusionGroup, GroupStatus, ModeChange
 
 
 def change(i: int) -> ModeChange:
@@ -48,3 +48,21 @@ def test_publishing_from_many_threads_loses_nothing():
     for thread in threads:
         thread.join()
     assert bus.count("mode") == 2000 and len(bus.recent("mode")) == 2000
+
+
+def test_every_group_status_is_plain_json_and_styled_by_the_monitor():
+    """One vocabulary: what runtimes write, views read; the monitor's script styles a row by
+    its status (monitor.js: ``tpunb-status-`` and the status, spaces as dashes)."""
+    import json
+    from pathlib import Path
+
+    import tpunb.monitoring
+
+    css = (Path(tpunb.monitoring.__file__).parent / "monitor.css").read_text()
+    for status in GroupStatus:
+        assert f".tpunb-status-{status.value.replace(' ', '-')} " in css, status
+    group = FusionGroup(
+        key="k", ops=1, top_ops={}, input_shapes=[], trigger="t", source="s",
+        status=GroupStatus.COMPILE_FAILED, compile_ms=None, run_ms=0.0, lifted=0,
+    )  # fmt: skip
+    assert json.loads(json.dumps(group.as_dict()))["status"] == "compile failed"

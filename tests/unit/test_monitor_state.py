@@ -7,12 +7,12 @@ from dataclasses import replace
 from test_report import group
 
 from tpunb.events import CompileDone, EventBus
-from tpunb.groupfold import GroupFold
+from tpunb.group_rows import GroupRows
 from tpunb.monitoring.state import GROUPS_SHOWN, format_text
 
 
-def folded_bus() -> tuple[EventBus, GroupFold]:
-    bus, fold = EventBus(), GroupFold()
+def folded_bus() -> tuple[EventBus, GroupRows]:
+    bus, fold = EventBus(), GroupRows()
     bus.subscribe(fold.observe)
     return bus, fold
 

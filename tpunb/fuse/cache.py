@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from tpunb.events import GroupStatus
 from tpunb.fuse.worker import CompileWorker
 
 LIFTED = "<lifted>"  # stands for a lifted slot's value in a variant key (floats never equal it)
@@ -187,11 +188,11 @@ class GraphCache:
             self.counters.compile_ms += variant.compile_ms
         self._on_compiled(name, variant)
 
-    def count(self, status: str) -> None:
+    def count(self, status: GroupStatus) -> None:
         with self._lock:
-            if status == "hit":
+            if status == GroupStatus.HIT:
                 self.counters.hits += 1
-            elif status == "miss":
+            elif status == GroupStatus.MISS:
                 self.counters.misses += 1
 
     def emit_warnings(self) -> None:

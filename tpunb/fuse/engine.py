@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from tpunb.events import CompileDone, FusionGroup
+from tpunb.events import CompileDone, FusionGroup, GroupStatus
 from tpunb.fuse.adopt import Adoption
 from tpunb.fuse.aside import ModeStack
 from tpunb.fuse.cache import (
@@ -71,13 +71,14 @@ from tpunb.fuse.hotsteps import HotSteps
 from tpunb.fuse.interrupts import InterruptGuard
 from tpunb.fuse.meta import MetaCache, NotDeferrable
 from tpunb.fuse.ops import OpFacts, facts, facts_by_id
+from tpunb.fuse.plan import Action, Decision, GroupFacts, plan
 from tpunb.fuse.record import MAX_ENDS, NOT_FOLLOWED, Recorder
 from tpunb.fuse.rng import rng_as_recorded
 from tpunb.fuse.scan import ArgumentScan, all_scalar, is_argument, run_on_values, tensor_leaves
 from tpunb.fuse.settled import NO_TENSORS, PLAIN, mark, settled_arguments, small, tiny
 from tpunb.fuse.trace import Trace, tensor_meta
-from tpunb.fuse.views import INPLACE_VIEWS, STORAGE_CHANGING, as_recorded, restride
 from tpunb.fuse.workarounds import skip_dynamo_in
+from tpunb.fuse.wrapper_meta import INPLACE_VIEWS, STORAGE_CHANGING, as_recorded, restride
 from tpunb.source import SourceLocation, locate, user_frame
 from tpunb.value_reads import flush_reason
 
@@ -380,42 +381,73 @@ class FusionEngine:
         lift_dtypes = [s.dtype if s.liftable else None for s in trace.float_slots]
         variant, key, lifted, repeat = self.cache.variant(skeleton, trace.floats, lift_dtypes)
         why, first_sighting = None, variant is None
-        if first_sighting or variant.state is VariantState.SEEN:  # hits skip the family bookkeeping below
-            family = hash(tuple([op.key[0] for op in trace.ops]))  # the op sequence, shapes aside
+        family = None  # the op sequence, shapes aside; hits skip the bookkeeping it serves
+        if first_sighting or variant.state is VariantState.SEEN:
+            family = hash(tuple([op.key[0] for op in trace.ops]))
         if variant is None:
-            variant = Variant(lifted=lifted)
-            previous = self.cache.previous_of_family(family, skeleton)
-            if previous is not None:
-                why = explain_miss(previous, skeleton)
-                self.growing.observe(previous.parts[1], trace)
-            elif lifted:
-                why = f"{len(lifted)} Python float(s) began to vary: now graph inputs"
-            if not self.options.compile:
-                variant.state, variant.error = VariantState.FAILED, "compilation off"
-            self.cache.add(skeleton, key, variant)
+            variant, why = self._new_variant(trace, skeleton, key, lifted, family)
         variant.sightings += 1
         small = tiny(trace)
-        if variant.state is VariantState.SEEN and self._worth_compiling(
-            variant, family, repeat, trace.warming, small
-        ):
-            if self.cache.count_family(family) == STORM_VARIANTS:
-                warn_storm(trace, STORM_VARIANTS)
-            self._schedule(trace, outputs, variant, name=short_hash(skeleton, key))
-        status = "miss" if first_sighting else STATUS_OF[variant.state]
+        decision = self._plan(trace, outputs, variant, repeat, family, small, (skeleton, key))
+        status = GroupStatus.MISS if first_sighting else STATUS_OF[variant.state]
         self.cache.count(status)
         ran = time.perf_counter()
         with rng_as_recorded(trace):
             values = self._run(trace, outputs, variant)
-        if status != "hit" and variant.replay_ms is None:  # op by op: what strict mode would cost
+        if status != GroupStatus.HIT and variant.replay_ms is None:  # op by op: strict's cost
             variant.replay_ms = (time.perf_counter() - ran) * 1000
-        for wrapper, value in zip(waiting, values, strict=True):
-            wrapper._value, wrapper._pending = as_recorded(wrapper, value), None
-            wrapper._from_group = not small  # a tiny group's results are settled (settled.py)
-        for wrapper in written:
-            wrapper._pending = None
+        hand_out(waiting, written, values, settled=small)
         self.groups += 1
-        self._publish_group(trace, reason, where, status, variant, key, skeleton, started, why, wait)
+        self._publish_group(
+            trace, reason, where, status, variant, key, skeleton, started, why, wait, decision
+        )
         self.cache.emit_warnings()
+
+    def _plan(
+        self,
+        trace: Trace,
+        outputs: list,
+        variant: Variant,
+        repeat: bool,
+        family: int | None,
+        small: bool,
+        keys: tuple,
+    ) -> Decision:
+        """The plan stage (plan.py) over this group's facts; a compile it asks for starts here.
+        ``family`` is None on a hit, which never compiles (nor needs the storm bookkeeping)."""
+        facts = GroupFacts(
+            state=variant.state,
+            sightings=variant.sightings,
+            repeat=repeat,
+            warming=trace.warming,
+            tiny=small,
+            storming=family is not None and self.cache.storming(family),
+            sync_compile=self.options.sync_compile,
+        )
+        decision = plan(facts)
+        if decision.compiles:
+            if self.cache.count_family(family) == STORM_VARIANTS:
+                warn_storm(trace, STORM_VARIANTS)
+            sync = decision.action is Action.COMPILE_AND_WAIT
+            self._schedule(trace, outputs, variant, name=short_hash(*keys), wait=sync)
+        return decision
+
+    def _new_variant(
+        self, trace: Trace, skeleton: GroupKey, key: tuple, lifted: dict, family: int
+    ) -> tuple[Variant, str | None]:
+        """A variant seen for the first time, in the cache from now on, and why it missed:
+        what differs from the last of the same op sequence (a shape), or floats that vary."""
+        variant, why = Variant(lifted=lifted), None
+        previous = self.cache.previous_of_family(family, skeleton)
+        if previous is not None:
+            why = explain_miss(previous, skeleton)
+            self.growing.observe(previous.parts[1], trace)
+        elif lifted:
+            why = f"{len(lifted)} Python float(s) began to vary: now graph inputs"
+        if not self.options.compile:
+            variant.state, variant.error = VariantState.FAILED, "compilation off"
+        self.cache.add(skeleton, key, variant)
+        return variant, why
 
     def _skeleton(self, trace: Trace, outputs: tuple) -> GroupKey:
         """The group's structural key. A trace that followed a known sequence to a known end
@@ -450,26 +482,7 @@ class FusionEngine:
         except ReplayError as failure:
             raise FusedOpError(describe_failure(trace, failure)) from failure.error
 
-    def _worth_compiling(
-        self, variant: Variant, family: int, repeat: bool, warming: bool, small: bool
-    ) -> bool:
-        """Compile on the second sighting (or the first, with ``sync_compile``). Once an op
-        sequence has compiled for ``STORM_VARIANTS`` shapes (a recompile storm), a new shape
-        compiles only when it keeps coming back: the fix for a storm (padding to one shape)
-        then still ends in compiled steps, while one-off shapes keep running op by op.
-
-        Never compiled: a *tiny* group (settled.py: at most ``TINY_OPS`` ops, every tensor
-        it reads or makes small), which runs op by op in tens of microseconds, so a compile of a
-        second or more would take tens of thousands of runs to repay (a ``generate()`` call's
-        checks of its inputs, its stopping criteria); and a *warming* one, recorded in a call
-        of a module about to be compiled whole (hotcalls.py), which will not come back."""
-        if warming or small:
-            return False
-        if self.cache.storming(family):
-            return variant.sightings >= HOT_SIGHTINGS
-        return self.options.sync_compile or repeat
-
-    def _schedule(self, trace: Trace, outputs: list, variant: Variant, name: str) -> None:
+    def _schedule(self, trace: Trace, outputs: list, variant: Variant, name: str, wait: bool) -> None:
         slot_places = {s.place: i for i, s in enumerate(trace.float_slots)}
         examples = [t.detach() for t in trace.inputs]
         if variant.lifted:
@@ -481,7 +494,7 @@ class FusionEngine:
             variant.code = graph.code
             return inductor_compile(graph, examples)
 
-        self.cache.compile(name, variant, job, wait=self.options.sync_compile)
+        self.cache.compile(name, variant, job, wait=wait)
 
     def _check_versions(self, trace: Trace) -> None:
         for index, (tensor, version) in enumerate(zip(trace.inputs, trace.input_versions, strict=True)):
@@ -496,7 +509,7 @@ class FusionEngine:
     # --- records ------------------------------------------------------------------------------
 
     def _publish_group(
-        self, trace, reason, where, status, variant, key, skeleton, started, why, wait
+        self, trace, reason, where, status, variant, key, skeleton, started, why, wait, decision: Decision
     ) -> None:
         if self._publish is None:
             return
@@ -512,12 +525,15 @@ class FusionEngine:
                 trigger=f"{flush_reason(reason)} at {where.label}" if where else flush_reason(reason),
                 source=op_location(first),
                 status=status,
-                compile_ms=variant.compile_ms if status == "miss" and self.options.sync_compile else None,
+                compile_ms=variant.compile_ms
+                if status == GroupStatus.MISS and self.options.sync_compile
+                else None,
                 run_ms=(time.perf_counter() - started) * 1000,
                 capture_ms=trace.capture_s * 1000,
                 eager_ms=variant.replay_ms,
                 lifted=len(variant.lifted),
                 miss_reason=why,
+                plan=decision.reason,
                 wait=wait,
                 at=where.label if where else None,
             )
@@ -543,12 +559,12 @@ class FusionEngine:
         }
 
 
-#: How a group ran, by its variant's state; all but "hit" replay op by op.
+#: How a group ran, by its variant's state; all but a hit replay op by op.
 STATUS_OF = {
-    VariantState.READY: "hit",
-    VariantState.SEEN: "eager",
-    VariantState.COMPILING: "compiling",
-    VariantState.FAILED: "eager",
+    VariantState.READY: GroupStatus.HIT,
+    VariantState.SEEN: GroupStatus.EAGER,
+    VariantState.COMPILING: GroupStatus.COMPILING,
+    VariantState.FAILED: GroupStatus.EAGER,
 }
 
 #: ``.item()``, ``bool()`` and friends reach the engine as this op.
@@ -557,8 +573,16 @@ READ_SCALAR = torch.ops.aten._local_scalar_dense.default
 LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 
-#: Sightings after which a shape compiles even during a recompile storm.
-HOT_SIGHTINGS = 3
+def hand_out(
+    waiting: list[DeferredTensor], written: list[DeferredTensor], values: list[torch.Tensor], settled: bool
+) -> None:
+    """A group's results to the wrappers waiting for them; written inputs are real again. A
+    tiny group's results are ``settled`` (settled.py): later groups treat them as plain."""
+    for wrapper, value in zip(waiting, values, strict=True):
+        wrapper._value, wrapper._pending = as_recorded(wrapper, value), None
+        wrapper._from_group = not settled
+    for wrapper in written:
+        wrapper._pending = None
 
 
 def abandon(trace: Trace, error: BaseException) -> None:

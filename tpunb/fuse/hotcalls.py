@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode
 
-from tpunb.events import FusionGroup
+from tpunb.events import FusionGroup, GroupStatus
 from tpunb.fuse.adopt import release_tensor
 from tpunb.fuse.compile_later import CompileLater, CountedGraph, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
@@ -396,11 +396,11 @@ def publish_whole_call(
         return
     where = locate()
     if compiled:
-        status = "miss"
+        status = GroupStatus.MISS
     elif uncompiled:
-        status = "eager"
+        status = GroupStatus.EAGER
     else:
-        status = "compiling" if compiling else "hit"
+        status = GroupStatus.COMPILING if compiling else GroupStatus.HIT
     publish(
         FusionGroup(
             key=key,

@@ -34,7 +34,7 @@ from tpunb.fuse.ops import OpFacts, facts_by_id
 from tpunb.fuse.rng import default_generator
 from tpunb.fuse.scan import ArgumentEncoder, tensor_leaves
 from tpunb.fuse.trace import FloatSlot, OpRecord, Ref, Trace, group_input, tensor_meta
-from tpunb.fuse.views import INPLACE_VIEWS, restride
+from tpunb.fuse.wrapper_meta import INPLACE_VIEWS, restride
 
 if TYPE_CHECKING:
     from tpunb.fuse.engine import FusionEngine

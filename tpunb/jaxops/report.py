@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tpunb.events import FusionGroup
+from tpunb.events import FusionGroup, GroupStatus
 from tpunb.modes import Mode
 from tpunb.source import locate
 
@@ -29,7 +29,7 @@ def report_call(
             input_shapes=[list(t.shape) for t in tensors],
             trigger=f"jax op at {where}" if where else "jax op",
             source=str(where) if where else "(no user frame found)",
-            status="miss" if compiles else "hit",
+            status=GroupStatus.MISS if compiles else GroupStatus.HIT,
             compile_ms=compile_s * 1000 if compiles else None,
             run_ms=max(run_s, 0.0) * 1000,
             lifted=0,

@@ -137,7 +137,7 @@ function groupsSection(state, model) {
   for (const group of state.groups || []) {
     const row = body.insertRow();
     row.className = `tpunb-status-${group.status.replace(" ", "-")}`;
-    row.title = `key ${group.key} · recorded at ${group.source}`;
+    row.title = `key ${group.key} · recorded at ${group.source}${group.plan ? ` · ${group.plan}` : ""}`;
     const topOps = Object.entries(group.top_ops).map(([name, n]) => `${name}×${n}`).join(" ");
     const shapes = group.input_shapes.map((s) => `[${s.join(",")}]`).join(" ");
     const timings = [ms(group.capture_ms), ms(group.compile_ms), ms(group.run_ms)];

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tpunb.events import CompiledCell, CompileDone, FusionGroup, Record
+from tpunb.events import CompiledCell, CompileDone, FusionGroup, GroupStatus, Record
 from tpunb.modes import ModeConfig
 from tpunb.profiling.findings import Observed, findings
 from tpunb.profiling.report import Profile
@@ -287,7 +287,11 @@ def _with_compile_times(rows: list[dict], compiles: list[CompileDone]) -> list[d
     its key not yet a hit): a group record is published before its compile ends."""
     for done in compiles:
         row = next(
-            (r for r in rows if r["key"] == done.key and r["status"] != "hit" and r["compile_ms"] is None),
+            (
+                r
+                for r in rows
+                if r["key"] == done.key and r["status"] != GroupStatus.HIT and r["compile_ms"] is None
+            ),
             None,
         )
         if row is not None:

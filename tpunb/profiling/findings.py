@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from tpunb.events import CompiledCell, CompileDone, FusionGroup
+from tpunb.events import CompiledCell, CompileDone, FusionGroup, GroupStatus
 from tpunb.runtimes import CPU_FALLBACK, MemoryInfo
 
 #: How many findings a profile reports.
@@ -117,7 +117,7 @@ def _shape_storms(seen: Observed) -> dict[tuple[str, int], list[FusionGroup]]:
     by_step: dict[tuple[str, int], list[FusionGroup]] = defaultdict(list)
     for group in seen.groups:
         # (an optimizer's hot step recompiles once per hyperparameter a schedule changes: not a shape)
-        if group.miss_reason is not None and group.status != "hit" and not group.optimizer_step:
+        if group.miss_reason is not None and group.status != GroupStatus.HIT and not group.optimizer_step:
             by_step[(group.source, group.ops)].append(group)
     return {step: groups for step, groups in by_step.items() if len(groups) >= REPEATED_SHAPES}
 
@@ -254,7 +254,7 @@ def compile_time(seen: Observed) -> list[Finding]:
     stormed = {g.key for groups in _shape_storms(seen).values() for g in groups}
     firsts = [seconds for key, seconds in compile_s.items() if key not in stormed]
     first = sum(firsts)
-    ran = sum(g.run_ms for g in seen.groups if g.status == "hit") / 1000
+    ran = sum(g.run_ms for g in seen.groups if g.status == GroupStatus.HIT) / 1000
     if first <= ran or first < COMPILE_SHARE * seen.wall_s:
         return []
     waited = (

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tpunb.debug import DebugChecks
-from tpunb.events import FusionGroup, Record
+from tpunb.events import FusionGroup, GroupStatus, Record
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import CacheDirError, CacheStats, MemoryInfo
 
@@ -257,7 +257,10 @@ def eager_group(artifact: dict[str, Any]) -> FusionGroup:
     top_ops: dict[str, int] = {}
     for kernel in filter(None, kernels.split("+")):
         top_ops[kernel] = top_ops.get(kernel, 0) + 1
-    status = "failed" if artifact.get("compile_failed") else "hit" if artifact.get("cache_hit") else "miss"
+    if artifact.get("compile_failed"):
+        status = GroupStatus.COMPILE_FAILED
+    else:
+        status = GroupStatus.HIT if artifact.get("cache_hit") else GroupStatus.MISS
     return FusionGroup(
         key=kernels[:48] or "?",
         ops=sum(top_ops.values()),

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from tpunb.debug import DebugChecks
-from tpunb.events import FusionGroup, Record
+from tpunb.events import FusionGroup, GroupStatus, Record
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import CPU_FALLBACK, CacheDirError, CacheStats, MemoryInfo, RuntimeUnavailable
 from tpunb.runtimes.hardware import scan_tpu
@@ -345,7 +345,7 @@ def _fusion_group(run: GraphRun, *, ops: int, compile_ms: float | None, run_ms: 
         input_shapes=[],
         trigger=f"{trigger} at {where}" if where and not own_sync else trigger,
         source=where or "",
-        status="miss" if run.compiled else "hit",
+        status=GroupStatus.MISS if run.compiled else GroupStatus.HIT,
         compile_ms=compile_ms,
         run_ms=run_ms,
         lifted=0,

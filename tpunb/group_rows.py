@@ -5,7 +5,7 @@ else (853 identical rows after 8 s of a loop). A row is the group's latest recor
 often it ran and, while it compiles in the background, since when. A finished compile turns
 the row to compiled (or failed) at once, without waiting for the group's next flush.
 
-The fold subscribes to the session's event bus, so its counts cover the whole session (the
+``GroupRows`` subscribes to the session's event bus, so its counts cover the whole session (the
 bus keeps only a bounded history) whether or not a view was open when the groups ran.
 """
 
@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from tpunb.events import CompileDone, FusionGroup, Record
+from tpunb.events import CompileDone, FusionGroup, GroupStatus, Record
 
 #: Distinct groups remembered (the least recently run is forgotten first).
 GROUPS_FOLDED = 256
@@ -32,7 +32,9 @@ class _Row:
     compiled: dict[str, Any] | None = None  # status and compile_ms once its compile finished
 
 
-class GroupFold:
+class GroupRows:
+    """The session's distinct groups, for every view (the monitor, ``tpunb.stats()``)."""
+
     def __init__(self) -> None:
         self._rows: OrderedDict[str, _Row] = OrderedDict()
         self._lock = threading.Lock()  # records arrive on the cell's and the compiler's threads
@@ -48,7 +50,7 @@ class GroupFold:
         with self._lock:
             previous = self._rows.pop(record.key, None)
             row = _Row(record, (previous.count if previous else 0) + 1)
-            if record.status == "compiling":
+            if record.status == GroupStatus.COMPILING:
                 row.compiling_since = (previous.compiling_since if previous else None) or record.time
             self._rows[record.key] = row
             if len(self._rows) > GROUPS_FOLDED:
@@ -57,9 +59,9 @@ class GroupFold:
     def _compile_done(self, done: CompileDone) -> None:
         with self._lock:
             row = self._rows.get(done.key)
-            if row is not None and row.record.status == "compiling" and row.compiled is None:
+            if row is not None and row.record.status == GroupStatus.COMPILING and row.compiled is None:
                 row.compiling_since = None
-                status = "compiled" if done.ok else "compile failed"
+                status = GroupStatus.COMPILED if done.ok else GroupStatus.COMPILE_FAILED
                 row.compiled = {"status": status, "compile_ms": done.compile_ms}
 
     def rows(self, now: float, limit: int) -> list[dict[str, Any]]:
