@@ -300,7 +300,7 @@ class FusedMode(Mode):
     def start_timing(self) -> None:
         # Records cost a histogram of each group's ops: time the engine as a script runs it
         # without the monitor (benchmarks/modes.py builds its engine without one too).
-        self.engine._publish = None
+        self.engine.publish = None
         super().start_timing()
 
     def _scope_step(self) -> Any:

@@ -126,8 +126,7 @@ def adopt(*objects: Any) -> int:
     scripts call it once before ``with tpunb.mode("fused")``. Returns how many tensors were
     adopted (0 on runtimes that fuse without it).
     """
-    engine = getattr(runtime(), "engine", None)
-    return engine.adopt(*objects) if engine is not None else 0
+    return runtime().adopt(*objects)
 
 
 def compile(fn_or_module: Any, **torch_compile_options: Any) -> Any:

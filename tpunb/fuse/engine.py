@@ -118,7 +118,8 @@ class FuseMode(TorchDispatchMode):
 class FusionEngine:
     def __init__(self, device: torch.device, publish: Any = None) -> None:
         self.device = torch.device(device)
-        self._publish = publish
+        # where group records go; None: none is built (a benchmark timing the engine alone)
+        self.publish = publish
         self.trace = Trace()
         self.meta = MetaCache()
         self.cache = GraphCache(self._compiled)
@@ -511,12 +512,12 @@ class FusionEngine:
     def _publish_group(
         self, trace, reason, where, status, variant, key, skeleton, started, why, wait, decision: Decision
     ) -> None:
-        if self._publish is None:
+        if self.publish is None:
             return
         counts = Counter(op.key[0] for op in trace.ops)  # by op id: cheaper than names
         histogram = {facts_by_id(i).name.removeprefix("aten."): n for i, n in counts.most_common(5)}
         first = trace.ops[0]
-        self._publish(
+        self.publish(
             FusionGroup(
                 key=short_hash(skeleton, key),
                 ops=len(trace.ops),
@@ -540,8 +541,8 @@ class FusionEngine:
         )
 
     def _compiled(self, name: str, variant: Variant) -> None:
-        if self._publish is not None:
-            self._publish(
+        if self.publish is not None:
+            self.publish(
                 CompileDone(
                     key=name,
                     ok=variant.state is VariantState.READY,

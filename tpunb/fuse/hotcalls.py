@@ -391,7 +391,7 @@ def publish_whole_call(
     inside the call (Inductor at once, not on the worker), so its time is the call's."""
     run_ms = (time.perf_counter() - started) * 1000
     engine.cache.count_whole_call(compiled, run_ms if compiled else 0.0, uncompiled)
-    publish = engine._publish
+    publish = engine.publish
     if publish is None:
         return
     where = locate()

@@ -113,7 +113,7 @@ def profile(
     session.bus.subscribe(records)
     watcher = WaitWatcher()
     if shapes is None:  # off where the fused engine swaps tensors in place (torch_trace.py)
-        shapes = getattr(runtime, "engine", None) is None
+        shapes = not runtime.adopts_tensors
     torch_trace = TorchTrace(cuda=str(runtime.device).startswith("cuda"), shapes=shapes)
     stem = directory / f"profile-{int(time.time())}-{next(_numbers)}"
     started = time.perf_counter()

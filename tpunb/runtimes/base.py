@@ -50,6 +50,14 @@ class Runtime(Protocol):
     device: str  # "cpu", "cuda:0", "xla:0", "tpu:0"
     autocast_device: str  # the device type torch.autocast takes for its tensors: "cpu", "cuda", "xla", "tpu"
     modes: frozenset[Mode]  # the modes this runtime can run today
+    # fused cells swap the notebook's tensors for the engine's in place (``adopt``), which
+    # torch.profiler's shape recording cannot follow (profiling/torch_trace.py)
+    adopts_tensors: bool
+
+    def adopt(self, *objects: Any) -> int:
+        """Let modules' parameters and optimizers' state take part in fused groups, in place;
+        how many tensors were adopted (0 on runtimes that fuse without it)."""
+        ...
 
     def mode_scope(self, config: ModeConfig) -> AbstractContextManager[None]:
         """Make the ops issued inside the block run in ``config``'s mode."""

@@ -52,6 +52,7 @@ class NativeRuntime:
 
     name = "native"
     modes = frozenset(Mode)
+    adopts_tensors = True
 
     def __init__(self, publish: Callable[[Record], None] | None = None) -> None:
         self._cuda = torch.cuda.is_available()
@@ -123,6 +124,9 @@ class NativeRuntime:
 
     def compiled_graphs(self) -> None:
         return None  # Inductor compiles under Dynamo, whose counters the cell compiler reads
+
+    def adopt(self, *objects: Any) -> int:
+        return self.engine.adopt(*objects)
 
     def wait_for_background_compiles(self) -> float:
         started = time.perf_counter()
