@@ -204,6 +204,10 @@ def test_status_and_picks_are_live_during_a_run_all_on_a_restarted_kernel(lab, p
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     wait_status(page, "^tpunb · debug · ", timeout_ms=60_000)  # cell 1 runs in debug
     assert not cell_output(page, 2)  # ... and the status says so before the queued cells ran
+    # the page's hello went on the control channel as a comm-info request, whose busy/idle
+    # JupyterLab ignores (so its kernel indicator is not flipped to idle under a running cell)
+    config = page.evaluate("() => JSON.parse(document.getElementById('jupyter-config-data').textContent)")
+    assert "comm_info_request" in config["untracked_message_types"]
     page.locator(PICKER).select_option("fused")
     page.wait_for_function(
         f"() => (document.querySelector({NOTE!r})?.title ?? '').includes('fused from the next cell')",
@@ -214,7 +218,7 @@ def test_status_and_picks_are_live_during_a_run_all_on_a_restarted_kernel(lab, p
     assert not cell_output(page, 4)
     assert printed(page, 4, timeout_ms=30_000) == "done"
     wait_status(page, "^tpunb · fused · ")
-    assert page.evaluate(f"() => {APP}.sessionContext.session.kernel.status") == "idle"
+    wait_kernel_idle(page)
 
 
 def cell_output(page, index: int) -> str:
