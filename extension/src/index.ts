@@ -36,7 +36,9 @@ class NotebookLinks implements DocumentRegistry.IWidgetExtension<
   constructor(private readonly _trans: TranslationBundle) {}
 
   createNew(panel: NotebookPanel): IDisposable {
-    const link = new KernelLink(panel.sessionContext);
+    const link = new KernelLink(panel.sessionContext, () =>
+      cellsRunning(panel)
+    );
     const picker = new ModePicker(link, this._trans);
     panel.toolbar.insertItem(10, 'tpunbMode', picker);
     this._links.set(panel, link);
@@ -53,6 +55,15 @@ class NotebookLinks implements DocumentRegistry.IWidgetExtension<
   }
 
   private _links = new Map<NotebookPanel, KernelLink>();
+}
+
+/** Whether cells of this notebook are running or queued (a Run All queues them all). */
+function cellsRunning(panel: NotebookPanel): boolean {
+  // a code cell's model has executionState (@jupyterlab/cells' ICodeCellModel)
+  return panel.content.widgets.some(
+    cell =>
+      (cell.model as { executionState?: string }).executionState === 'running'
+  );
 }
 
 /** A request the kernel refused (an unknown mode, one this runtime cannot run). */

@@ -11,8 +11,10 @@ export const TARGET = 'tpunb';
 /**
  * Requests the kernel serves on its control channel (tpunb/lab_control.py) when its state says
  * `control`: there they arrive while cells run, where the shell channel queues them behind
- * every cell of a Run All. A pick goes there only while the kernel is busy, since the kernel
- * applies a pick made there when a cell ends or begins, and one made between cells at once.
+ * every cell of a Run All. A pick goes there only while cells run or wait: the kernel applies
+ * a pick made there when a cell ends or begins, and one sent on the shell channel between
+ * cells at once. Busy is asked of the notebook's cells first: JupyterLab's kernel status can
+ * read idle under a running cell (its own subshell requests on the control channel).
  */
 const ON_CONTROL = new Set(['hello', 'monitor']);
 const ON_CONTROL_WHILE_BUSY = new Set(['set_mode', 'set_precision']);
@@ -33,7 +35,11 @@ export interface IKernelMessage {
  * kernel loads tpunb.
  */
 export class KernelLink implements IDisposable {
-  constructor(session: ISessionContext) {
+  /** `cellsRunning`: whether the notebook has cells running or queued. */
+  constructor(
+    session: ISessionContext,
+    private readonly _cellsRunning: () => boolean = () => false
+  ) {
     session.kernelChanged.connect(this._onKernelChanged, this);
     session.statusChanged.connect(this._onStatus, this);
     session.connectionStatusChanged.connect(this._onConnection, this);
@@ -117,7 +123,8 @@ export class KernelLink implements IDisposable {
     if (this._state?.control !== true) {
       return false;
     }
-    const busy = kernel.status === 'busy' || this._state.busy;
+    const busy =
+      this._cellsRunning() || kernel.status === 'busy' || this._state.busy;
     return (
       ON_CONTROL.has(message.type) ||
       (busy && ON_CONTROL_WHILE_BUSY.has(message.type))
