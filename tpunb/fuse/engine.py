@@ -23,9 +23,9 @@ optimizer stepping its parameters has its step compiled whole too (hotsteps.py),
 around them runs with the engine's mode off the stack until it is needed (aside.py).
 
 ``flush`` turns the trace into a group: key it (from the end of its known sequence when it
-followed one), replay it until it is compiled (the worker compiles it when it comes back:
-see cache.py and worker.py) or run the compiled graph, hand the results to the waiting
-wrappers, and publish a FusionGroup record.
+followed one), plan it (plan.py: run compiled, replay, or replay and compile for next time,
+on the worker: cache.py, worker.py), run it, hand the results to the waiting wrappers, and
+publish a FusionGroup record.
 """
 
 from __future__ import annotations
