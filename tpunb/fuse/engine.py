@@ -516,14 +516,14 @@ class FusionEngine:
             return
         counts = Counter(op.key[0] for op in trace.ops)  # by op id: cheaper than names
         histogram = {facts_by_id(i).name.removeprefix("aten."): n for i, n in counts.most_common(5)}
-        first = trace.ops[0]
+        first, said = trace.ops[0], flush_reason(reason)
         self.publish(
             FusionGroup(
                 key=short_hash(skeleton, key),
                 ops=len(trace.ops),
                 top_ops=histogram,
                 input_shapes=[list(m[0]) for m in trace.input_metas[:8]],
-                trigger=f"{flush_reason(reason)} at {where.label}" if where else flush_reason(reason),
+                trigger=f"{said} at {where.label}" if where else said,
                 source=op_location(first),
                 status=status,
                 compile_ms=variant.compile_ms

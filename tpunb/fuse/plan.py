@@ -4,8 +4,8 @@ A flushed group either runs compiled code the cache holds, or replays its record
 one, and may start a compile for next time (on the worker, or first and waited for with
 ``--sync-compile``). Which one used to be spread over the engine, the cache, the settled-group
 test, the hot-call warm-up flag and the storm guard; here it is one decision over plain facts,
-so it is table-tested (tests/unit/test_fuse_plan.py) and its reason is data the monitor and the
-profile show (``FusionGroup.plan``).
+so it is table-tested (tests/unit/test_fuse_plan.py) and its reason travels with the group's
+record (``FusionGroup.plan``, the monitor row's tooltip).
 
 Modules compiled whole (hotcalls.py, hotsteps.py) are decided per call, not per group: they
 are not flushed groups.
