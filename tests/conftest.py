@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+#: The kernels nbval starts (their environment is this one) print every thread's stack when
+#: they crash, into the failing notebook's captured output (tpunb_kernels.py does the same).
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 GROUPS = ("unit", "kernel", "browser", "notebooks", "workloads", "xla", "torchtpu", "image")
 

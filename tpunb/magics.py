@@ -79,9 +79,11 @@ class TpuMagics(Magics):
     )
     @argument(
         "--hot-training",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="fused mode: compile a module trained again and again whole, forward and backward, "
-        "and run the loop around it as eager PyTorch (default: record its calls).",
+        "and run the loop around it as eager PyTorch (the default); --no-hot-training records "
+        "every training call instead.",
     )
     @line_cell_magic
     def tpu_mode(self, line: str, cell: str | None = None) -> Any:

@@ -74,7 +74,7 @@ class ModeConfig:
     allow_nan: bool = False  # debug: a new NaN is not an error
     allow_inf: bool = False  # debug: a new Inf is not an error
     sync_compile: bool = False  # fused: compile a new group before running it, not in the background
-    hot_training: bool = False  # fused: compile a module trained again and again whole (fuse/hotcalls.py)
+    hot_training: bool = True  # fused: compile a module trained again and again whole (fuse/hotcalls.py)
 
     @classmethod
     def build(cls, mode: str | Mode, **options: bool) -> ModeConfig:
@@ -89,7 +89,12 @@ class ModeConfig:
         return replace(cls(mode=parsed), **options)
 
     def describe(self) -> str:
-        """Short text such as ``debug (allow nan)`` for status lines."""
-        options = ("allow_nan", "allow_inf", "sync_compile", "hot_training")
-        flags = [name.replace("_", " ") for name in options if getattr(self, name)]
+        """Short text for status lines, naming the options that differ from their defaults:
+        ``debug (allow nan)``, ``fused (no hot training)``."""
+        default = ModeConfig(mode=self.mode)
+        flags = [
+            ("" if value else "no ") + name.replace("_", " ")
+            for name in ("allow_nan", "allow_inf", "sync_compile", "hot_training")
+            if (value := getattr(self, name)) != getattr(default, name)
+        ]
         return f"{self.mode.value} ({', '.join(flags)})" if flags else self.mode.value

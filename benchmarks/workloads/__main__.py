@@ -9,7 +9,8 @@ per workload, precision and mode the table gives the largest loss difference aga
 steady ms/step and the first step's seconds, and the ratio of strict's ms/step to the mode's
 (above 1: faster than strict). JSON goes to ``test-artifacts/workloads.json``.
 ``--device xla`` runs the workloads that apply on PyTorch/XLA's CPU device, in kernels on the
-xla runtime (an interpreter with torch_xla: ``.venv-colab``), without fused-hot (native only).
+xla runtime (an interpreter with torch_xla: ``.venv-colab``), without fused-recorded (hot training
+is native only: there fused is already the recorder).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def main() -> int:
 
     on_xla = args.device == "xla"
     names = [n for n in args.workloads.split(",") if WORKLOADS[n].on_xla or not on_xla]
-    modes = [m for m in args.modes.split(",") if not (on_xla and m.startswith("fused-hot"))]
+    modes = [m for m in args.modes.split(",") if not (on_xla and m.startswith("fused-recorded"))]
     runs: list[Run] = []
     for name in names:
         workload = WORKLOADS[name]

@@ -10,8 +10,8 @@ the cell the harness reads the losses, the stamps, a digest of the CPU generator
 Fused mode runs twice: *cold* (its groups and hot calls are new: they run as recorded while
 they compile in the background) and *warm* (the same cell again, once the background compiles
 have finished, as in a notebook whose user reads the output before running the cell again; a
-cell run at once would still find most of them compiling on this 2-core machine). With hot
-training calls, the same pair again.
+cell run at once would still find most of them compiling on this 2-core machine). With every
+training call recorded (``--no-hot-training``), the same pair again.
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ from typing import Protocol
 
 from benchmarks.workloads.catalog import Workload
 
-#: The modes a workload runs in, in order; "fused" runs cold, then "fused-warm"; "fused-hot" is
-#: fused mode with hot training calls (``--hot-training``), cold then warm. Compile mode before
-#: fused: a compile cell first waits for fused groups still compiling in the background.
-MODES = ("strict", "compile", "fused", "fused-warm", "fused-hot", "fused-hot-warm", "debug")
+#: The modes a workload runs in, in order; "fused" runs cold, then "fused-warm"; "fused-recorded"
+#: is fused mode with every training call recorded (``--no-hot-training``), cold then warm.
+#: Compile mode before fused: a compile cell first waits for fused groups still compiling in
+#: the background.
+MODES = ("strict", "compile", "fused", "fused-warm", "fused-recorded", "fused-recorded-warm", "debug")
 #: The cell magic's arguments for each mode.
-MAGIC = {"fused-warm": "fused", "fused-hot": "fused --hot-training", "fused-hot-warm": "fused --hot-training"}
+RECORDED = "fused --no-hot-training"
+MAGIC = {"fused-warm": "fused", "fused-recorded": RECORDED, "fused-recorded-warm": RECORDED}
 #: Before a warm run: the background compiles of the cold run finish.
 WARM_UP = "_tpunb.runtime().wait_for_background_compiles()"
 PRECISIONS = ("fp32", "bf16")

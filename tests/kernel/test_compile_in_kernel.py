@@ -213,9 +213,7 @@ def test_a_compile_cell_after_fused_training_trains_on_from_there(kernel):
     compile cell then trains on with strict's numbers, and its summary says in words why frames
     compiled for fused mode compile again."""
     assert kernel.run(SETUP).error is None
-    fused = LOOP.format(
-        header="%%tpu_mode fused --sync-compile --hot-training", losses="losses", model="model", opt="opt"
-    )
+    fused = LOOP.format(header="%%tpu_mode fused --sync-compile", losses="losses", model="model", opt="opt")
     result = kernel.run(fused.replace("range(3)", "range(8)"))
     assert result.error is None, result.error
     assert kernel.value("type(opt.step).__name__") == "HotStep"

@@ -29,13 +29,11 @@ def step(m, o):
 
 
 def test_a_training_cell_compiles_its_model_whole_once_hot(kernel):
-    """Hot training calls (``--hot-training``): the model's first calls are recorded; from its
+    """Hot training calls (the default): the model's first calls are recorded; from its
     3rd, at the optimizer step, it is hot and its calls run compiled whole, forward and
     backward (fuse/hotcalls.py), and from the 5th the optimizer's steps too (fuse/hotsteps.py)."""
     assert kernel.run(SETUP).error is None
-    result = kernel.run(
-        "%%tpu_mode fused --sync-compile --hot-training\nlosses = [step(model, opt) for _ in range(8)]"
-    )
+    result = kernel.run("%%tpu_mode fused --sync-compile\nlosses = [step(model, opt) for _ in range(8)]")
     assert result.error is None, result.error
     assert "fused is slower" not in result.stdout  # the recorded first steps do not come back
     whole = [g for g in kernel.value("tpunb.stats()['groups']") if g["whole_call"]]
@@ -53,7 +51,7 @@ def test_a_training_cell_compiles_its_model_whole_once_hot(kernel):
     )
     same = "all(torch.allclose(a, b, atol=1e-6) for a, b in zip(model.parameters(), twin.parameters()))"
     assert kernel.value(same) is True
-    again = kernel.run("%%tpu_mode fused --hot-training\nlosses = [step(model, opt) for _ in range(8)]")
+    again = kernel.run("%%tpu_mode fused\nlosses = [step(model, opt) for _ in range(8)]")
     # each step: the model's call and the optimizer's step, both from the cache
     assert again.error is None and re.search(r"· 16 groups · cache 16 hit / 0 miss$", again.stdout, re.M), (
         again.stdout
@@ -61,9 +59,11 @@ def test_a_training_cell_compiles_its_model_whole_once_hot(kernel):
 
 
 def test_fused_training_cell_runs_as_cached_groups(kernel):
-    """The recorder (the default): each step one group, compiled, then hits."""
+    """The recorder (``--no-hot-training``): each step one group, compiled, then hits."""
     assert kernel.run(SETUP).error is None
-    result = kernel.run("%%tpu_mode fused --sync-compile\nlosses = [step(model, opt) for _ in range(8)]")
+    result = kernel.run(
+        "%%tpu_mode fused --sync-compile --no-hot-training\nlosses = [step(model, opt) for _ in range(8)]"
+    )
     assert result.error is None, result.error
     summary = re.search(
         r"^\[tpunb\] fused · [\d.]+ s · 8 groups · cache (\d+) hit / (\d+) miss$", result.stdout, re.M

@@ -83,12 +83,12 @@ def test_a_fused_training_cell_shows_its_report_and_saves_a_trace(profiled, tmp_
     assert profiled.value("tpunb.current_mode()") == "strict"  # --mode was for this cell only
 
 
-#: Where each kind of step's recompiles are found: a hot model's calls (``--hot-training``)
-#: at the line that calls the model; the recorder's groups (the default) where each step's
+#: Where each kind of step's recompiles are found: a hot model's calls (the default) at the
+#: line that calls the model; the recorder's groups (``--no-hot-training``) where each step's
 #: first op is recorded, the batch drawn in step().
 STORM_LINES = {
-    " --hot-training": r"loss = torch\.nn\.functional\.cross_entropy\(model\(x\), y\)",
-    "": r"x, y = torch\.randn\(n, 256\), .*",
+    "": r"loss = torch\.nn\.functional\.cross_entropy\(model\(x\), y\)",
+    " --no-hot-training": r"x, y = torch\.randn\(n, 256\), .*",
 }
 
 

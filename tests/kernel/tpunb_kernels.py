@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import queue
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -20,6 +21,13 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 KERNEL_NAME = "tpunb-test"
 VALUE_MARK = "@value@"
+#: ``python -m ipykernel_launcher``, plus every thread's stack on SIGUSR1 (``Kernel.dump_stacks``)
+#: and on a crash (``-X faulthandler``): a test that finds its kernel stuck or dead shows where.
+KERNEL_MAIN = (
+    "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+    "sys.path[0] == '' and sys.path.pop(0); "
+    "from ipykernel import kernelapp; kernelapp.launch_new_instance()"
+)
 
 
 @dataclass
@@ -57,6 +65,7 @@ class Kernel:
             try:
                 msg = self.client.get_iopub_msg(timeout=timeout)
             except queue.Empty:
+                self.dump_stacks()
                 raise TimeoutError(f"no idle status for {msg_id} after {timeout} s") from None
             result.messages.append(msg)
             if msg["parent_header"].get("msg_id") != msg_id:
@@ -95,6 +104,14 @@ class Kernel:
         line = next(x for x in result.stdout.splitlines() if x.startswith(VALUE_MARK))
         return json.loads(line.removeprefix(VALUE_MARK))
 
+    def dump_stacks(self) -> None:
+        """Have a stuck kernel print every thread's stack (to its stderr, which pytest shows
+        with the failing test): ``KERNEL_MAIN`` registers the signal."""
+        process = getattr(self.manager.provisioner, "process", None)
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+
     def shutdown(self) -> None:
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=True)
@@ -111,7 +128,7 @@ def start_kernel(
     spec_dir = tmp_dir / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
     spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "argv": [sys.executable, "-X", "faulthandler", "-c", KERNEL_MAIN, "-f", "{connection_file}"],
         "display_name": "tpunb test kernel",
         "language": "python",
         "env": {"OMP_NUM_THREADS": "1", **(env or {})},

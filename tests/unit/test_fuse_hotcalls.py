@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import threading
 
 import pytest
 import torch
@@ -138,6 +139,28 @@ def test_only_outermost_calls_count():
             model(torch.randn(2, 8))
     assert isinstance(model._compiled_call_impl, HotCall)
     assert all(layer._compiled_call_impl is None for layer in model)  # called inside it only
+
+
+def test_calls_made_on_another_thread_during_a_fused_scope_are_not_the_scopes():
+    """The scope's module hooks are global; a module called on another thread meanwhile (a
+    compile worker tracing a graph module, a user's loader thread) is not counted, and does not
+    turn hot (it would have after HOT_AFTER calls on the notebook thread)."""
+    model = small_model().eval()
+    engine = FusionEngine(torch.device("cpu"))
+
+    def evaluate() -> None:
+        with torch.no_grad():
+            for _ in range(HOT_AFTER + 2):
+                model(torch.randn(2, 8))
+
+    with engine.scope(BACKGROUND):
+        worker = threading.Thread(target=evaluate)
+        worker.start()
+        worker.join()
+    assert model._compiled_call_impl is None
+    with engine.scope(BACKGROUND):
+        evaluate()  # the same calls on the scope's thread
+    assert isinstance(model._compiled_call_impl, HotCall)
 
 
 @pytest.mark.parametrize("hot_training", [True, False])

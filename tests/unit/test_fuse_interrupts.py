@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -115,3 +116,27 @@ def test_an_interrupt_in_user_code_inside_a_fused_scope_is_immediate():
         x = x + 1
     assert signal.getsignal(signal.SIGINT) is before
     assert x.tolist() == [2.0] * 4  # what was recorded before the interrupt still ran
+
+
+def test_the_engine_busy_on_another_thread_does_not_hold_the_notebook_threads_interrupt():
+    """Signals reach the main thread only. A tensor of the engine's used on another thread
+    (a compile worker, a thread of the user's) must not hold the main thread's interrupt:
+    it would be raised on that thread when it left, and the cell would never stop."""
+    guard = FusionEngine(torch.device("cpu")).interrupts
+    inside, leave = threading.Event(), threading.Event()
+
+    def busy_elsewhere() -> None:
+        with guard:
+            inside.set()
+            leave.wait(10)
+
+    worker = threading.Thread(target=busy_elsewhere)
+    worker.start()
+    inside.wait(10)
+    try:
+        with pytest.raises(KeyboardInterrupt), guard.installed():
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(0.5)  # a KeyboardInterrupt ends this at once
+    finally:
+        leave.set()
+        worker.join()

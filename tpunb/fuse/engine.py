@@ -91,9 +91,8 @@ class FuseOptions:
     sync_compile: bool = False  # compile on the first sighting, and wait (benchmarks, tests)
     compile: bool = True  # False: every group replays op by op (isolates recording from Inductor)
     # a module trained again and again is compiled whole, forward and backward (hotcalls.py),
-    # and the optimizer stepping it too (hotsteps.py); off by default until it passes the
-    # tutorials: a LoRA fine-tune's compiled backward met tpunb's wrappers (README)
-    hot_training: bool = False
+    # and the optimizer stepping it too (hotsteps.py); False records every training call
+    hot_training: bool = True
     max_ops: int = MAX_OPS
 
 

@@ -42,7 +42,7 @@ compiled versions per code object, so one shared code object would stop compilin
 model was built a ninth time. Past 8 recompiles of one module (8 input shapes), Dynamo runs
 its calls as they are (with its warning), outside recording, as fast as strict mode.
 
-**Training** (opt-in: ``FuseOptions.hot_training``, ``%tpu_mode fused --hot-training``): a
+**Training** (``FuseOptions.hot_training``, on unless ``%tpu_mode fused --no-hot-training``): a
 module called with grad in train mode turns hot the same way, but at
 the next optimizer step (``turn_hot``), when no autograd graph holds its adopted parameters
 any more; its calls then compile through ``compile_later.py``: the captured graph runs at
@@ -65,6 +65,7 @@ it: a miss when Dynamo compiled a graph during the call, a hit otherwise.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import itertools
 import time
@@ -99,22 +100,33 @@ OBJECT_DEPTH = 4
 
 class ModuleCallHooks:
     """A fused scope's global ``nn.Module`` call hooks, in one place so that a hot call can
-    lift them all while Dynamo runs."""
+    lift them all while Dynamo runs.
+
+    Global hooks fire on every thread; only the calls of the thread that opened the scope (the
+    notebook's) are the scope's. A module another thread calls meanwhile (a compile worker
+    tracing a graph module, a data-loading thread of the user's) is not counted, and nothing of
+    the notebook thread's (its dispatch modes, its hot-call depth) is touched from there."""
 
     def __init__(self, before: ModuleCallback, after: ModuleCallback) -> None:
         self._before, self._after = before, after
         self._handles: list[Any] = []
         self._installs = 0  # fused scopes may nest; the hooks go in once
+        self._owner: int | None = None  # the thread of the outermost scope
 
     def _register(self) -> None:
         hooks = torch.nn.modules.module
         self._handles = [
-            hooks.register_module_forward_pre_hook(lambda module, args: self._before(module)),
+            hooks.register_module_forward_pre_hook(self._before_call),
             hooks.register_module_forward_hook(self._after_call, always_call=True),
         ]
 
+    def _before_call(self, module: torch.nn.Module, args: Any) -> None:
+        if _thread.get_ident() == self._owner:
+            self._before(module)
+
     def _after_call(self, module: torch.nn.Module, args: Any, out: Any) -> None:
-        self._after(module)
+        if _thread.get_ident() == self._owner:
+            self._after(module)
 
     def _remove(self) -> None:
         for handle in self._handles:
@@ -124,6 +136,7 @@ class ModuleCallHooks:
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         if self._installs == 0:
+            self._owner = _thread.get_ident()
             self._register()
         self._installs += 1
         try:
@@ -231,7 +244,7 @@ def regime(module: torch.nn.Module) -> str | None:
 
 class HotCall:
     """A hot module's call: compiled whole in fused scopes, in its regime (no grad in eval
-    mode: Dynamo and Inductor at once; grad in train mode, with hot training on: Dynamo, then
+    mode: Dynamo and Inductor at once; grad in train mode, unless hot training is off: Dynamo, then
     AOTAutograd and Inductor on the worker), the module's own call otherwise. Pickling a
     module drops it (``nn.Module.__getstate__``)."""
 

@@ -7,10 +7,17 @@ no longer exists, and the next group would wire them to unrelated ops. So, insid
 scope, SIGINT received while the engine is busy is held until the engine's outermost call
 returns, and then delivered exactly as it would have been; received anywhere else (the
 user's own Python code), it is delivered at once.
+
+Only the main thread's calls count: Python runs signal handlers there, and only there can a
+held interrupt be delivered. A tensor of the engine's touched on another thread (a compile
+worker, a thread of the user's) passes through the guard without holding anything; counted,
+it would hold the notebook's interrupt until that thread left, then raise it on that thread,
+and the cell would never stop.
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import signal
 import threading
@@ -25,7 +32,8 @@ class InterruptGuard:
     """Holds SIGINT while the engine is busy (``with guard:``); ``installed()`` arms it."""
 
     def __init__(self) -> None:
-        self._depth = 0
+        self._main = threading.main_thread().ident
+        self._depth = 0  # the main thread's engine calls under way
         self._held: tuple[int, FrameType | None] | None = None
         self._previous: list[Handler] = []
 
@@ -45,9 +53,12 @@ class InterruptGuard:
             signal.signal(signal.SIGINT, previous)
 
     def __enter__(self) -> None:
-        self._depth += 1
+        if _thread.get_ident() == self._main:
+            self._depth += 1
 
     def __exit__(self, *exc_info: object) -> None:
+        if _thread.get_ident() != self._main:
+            return
         self._depth -= 1
         if self._depth == 0 and self._held is not None:
             signum, frame = self._held
