@@ -15,9 +15,10 @@ import torch
 from torch._dynamo.utils import counters
 
 from benchmarks.generate import build, generate_call
-from tpunb.events import EventBus
+from tpunb.events import OPTIMIZER_STEP_SUFFIX, EventBus, GroupStatus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
 from tpunb.fuse.hotcalls import HOT_AFTER, HotCall
+from tpunb.fuse.worker import COMPILER_BUSY
 
 BACKGROUND = FuseOptions()  # as in a notebook: groups compile in the background, hot calls at once
 
@@ -161,6 +162,55 @@ def test_calls_made_on_another_thread_during_a_fused_scope_are_not_the_scopes():
     with engine.scope(BACKGROUND):
         evaluate()  # the same calls on the scope's thread
     assert isinstance(model._compiled_call_impl, HotCall)
+
+
+def test_hot_calls_and_steps_never_wait_for_the_compile_worker():
+    """While the worker holds the compiler (a group's compile, a model's backward: up to a
+    minute), a hot training call or optimizer step that would compile runs as it is, at once,
+    with strict's answers, and says why in its row; it compiles at a later call."""
+    from torch._dynamo.convert_frame import compile_lock
+
+    model, reference = small_model(), small_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    x, y = torch.randn(16, 8), torch.randn(16, 4)
+
+    def step(m: torch.nn.Module, o: torch.optim.Optimizer) -> float:
+        loss = torch.nn.functional.mse_loss(m(x), y)
+        o.zero_grad()
+        loss.backward()
+        o.step()
+        return loss.item()
+
+    holding, release = threading.Event(), threading.Event()
+    waited: list[bool] = []
+
+    def worker_compiling() -> None:  # as the worker does for a whole compile
+        with compile_lock:
+            holding.set()
+            waited.append(not release.wait(60))  # True: the notebook thread blocked meanwhile
+
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+    holder = threading.Thread(target=worker_compiling)
+    holder.start()
+    holding.wait(10)
+    try:
+        with engine.scope(BACKGROUND, adopt=(model, optimizer)):
+            losses = [step(model, optimizer) for _ in range(HOT_AFTER + 3)]
+    finally:
+        release.set()
+        holder.join()
+    assert waited == [False]
+    busy = whole_calls(bus, "-training") + whole_calls(bus, OPTIMIZER_STEP_SUFFIX)
+    assert {g.key for g in busy} == {"Sequential-training", "AdamW" + OPTIMIZER_STEP_SUFFIX}, busy
+    assert all(g.status == GroupStatus.EAGER and g.miss_reason == COMPILER_BUSY for g in busy), busy
+    engine.cache.wait_idle()  # the groups recorded meanwhile compile: the compiler is free
+    with engine.scope(BACKGROUND, adopt=(model, optimizer)):
+        losses += [step(model, optimizer) for _ in range(3)]
+    later = whole_calls(bus, "-training")[len(whole_calls(bus, "-training")) - 3 :]
+    assert later[0].status == GroupStatus.MISS, later
+    assert losses == pytest.approx([step(reference, reference_optimizer) for _ in losses], rel=1e-5)
 
 
 @pytest.mark.parametrize("hot_training", [True, False])

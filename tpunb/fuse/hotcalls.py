@@ -84,6 +84,7 @@ from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.graph import inductor_compile
 from tpunb.fuse.hot_backward import backward_as_forward, next_node_number
 from tpunb.fuse.settled import mark
+from tpunb.fuse.worker import COMPILER_BUSY, compiling_only_if_free
 from tpunb.source import locate
 
 if TYPE_CHECKING:
@@ -302,7 +303,7 @@ class HotCall:
             args, kwargs = plain_values(engine, args, seen), plain_values(engine, kwargs, seen)
         graphs, runs = counters["stats"]["unique_graphs"], self.runs.count
         first_node = next_node_number()
-        with engine.hot.hooks.lifted(), _disable_current_modes():
+        with engine.hot.hooks.lifted(), _disable_current_modes(), compiling_only_if_free() as may_compile:
             try:
                 out = self.compiled[now](*args, **kwargs)
             except TorchRuntimeError:
@@ -319,10 +320,12 @@ class HotCall:
                 )
                 raise
         compiled = counters["stats"]["unique_graphs"] - graphs
-        uncompiled = self.runs.count == runs  # Dynamo ran it as it is (past its recompile limit)
-        if uncompiled and not compiled and now not in self.called:
-            self._refused_at_first_call(module)
-        self.called.add(now)
+        # Dynamo ran it as it is: past its recompile limit, or the worker held the compiler
+        uncompiled = self.runs.count == runs
+        if may_compile:
+            if uncompiled and not compiled and now not in self.called:
+                self._refused_at_first_call(module)
+            self.called.add(now)
         training = now == TRAINING
         code = getattr(self.compiled[now], "__wrapped__", None)
         publish_whole_call(
@@ -333,7 +336,7 @@ class HotCall:
             compiled=compiled,
             uncompiled=uncompiled,
             compiling=training and self.later.compiling,
-            miss_reason=why_compiled(compiled, code) if compiled or uncompiled else None,
+            miss_reason=why_run(compiled, uncompiled, may_compile, code),
             compile_in_call=not training,
         )
         if engine.hot._depth == 0 and not engine.trace.ops:
@@ -360,6 +363,14 @@ def in_fused_scope(engine: FusionEngine) -> bool:
     """Whether ops issued now belong to ``engine``'s fused scope: its mode on top of the
     stack, or stepped aside between hot calls (aside.py)."""
     return getattr(_get_current_dispatch_mode(), "engine", None) is engine or engine.modes.stepped_aside
+
+
+def why_run(compiled: int, uncompiled: bool, may_compile: bool, code: Any) -> str | None:
+    """A call compiled whole, in words, for its group row: None for a hit, else why it
+    compiled or ran as it is (``compiling_only_if_free``: the worker held the compiler)."""
+    if not (compiled or uncompiled):
+        return None
+    return why_compiled(compiled, code) if may_compile else COMPILER_BUSY
 
 
 def why_compiled(compiled: int, code: Any) -> str:

@@ -42,7 +42,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 from tpunb.events import OPTIMIZER_STEP_SUFFIX
 from tpunb.fuse.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.hotcalls import calling, in_fused_scope, publish_whole_call, why_compiled
+from tpunb.fuse.hotcalls import calling, in_fused_scope, publish_whole_call, why_run
+from tpunb.fuse.worker import compiling_only_if_free
 
 if TYPE_CHECKING:
     from tpunb.fuse.engine import FusionEngine
@@ -165,6 +166,7 @@ class HotStep:
             engine.adoption.step_hook_lifted(),
             _disable_current_modes(),
             profiler_notice_hidden(),
+            compiling_only_if_free() as may_compile,
         ):
             try:
                 out = self.compiled(optimizer) if self._pass_optimizer else self.compiled()
@@ -181,7 +183,7 @@ class HotStep:
                 return self.previous()
         compiled = counters["stats"]["unique_graphs"] - graphs
         uncompiled = self.runs.count == runs
-        if uncompiled:  # Dynamo's limit of versions of the step's code (per optimizer class) is spent
+        if uncompiled and may_compile:  # Dynamo's limit of versions of the step's code is spent
             engine.hot_steps.refuse(optimizer, self)
         code = getattr(self.compiled, "__wrapped__", None)
         publish_whole_call(
@@ -192,7 +194,7 @@ class HotStep:
             compiled=compiled,
             uncompiled=uncompiled,
             compiling=self.later.compiling,
-            miss_reason=why_compiled(compiled, code) if compiled or uncompiled else None,
+            miss_reason=why_run(compiled, uncompiled, may_compile, code),
         )
         if not engine.trace.ops:
             engine.modes.step_aside(engine)

@@ -55,10 +55,40 @@ def one_compiler_at_a_time() -> contextlib.AbstractContextManager[Any]:
     frame on the main thread (a compile-mode cell, ``tpunb.compile``) and Inductor compiling a
     group share compiler state and process-wide config, so they take turns. A torch without
     the lock (another layout) gets none, as before."""
+    lock = _compile_lock()
+    return lock if lock is not None else contextlib.nullcontext()
+
+
+#: Why a call compiled whole ran as it is: the worker held the compiler (a group row's reason).
+COMPILER_BUSY = "run as it is: the compile worker was busy, so it compiles at a later call"
+
+
+@contextlib.contextmanager
+def compiling_only_if_free() -> Iterator[bool]:
+    """Around a call Dynamo may have to compile on the notebook thread (a hot module call, a
+    hot optimizer step), which must not wait for the worker's compile (seconds, a minute for a
+    model's backward): with the compiler free, the call holds its lock (the worker starts its
+    next job after it) and may compile; with the worker compiling, the call runs in Dynamo's
+    ``eager_on_recompile`` stance, where compiled code whose guards pass runs and anything
+    else runs as it is, taking no lock. Yields whether the call could compile."""
+    lock = _compile_lock()
+    if lock is None or lock.acquire(blocking=False):
+        try:
+            yield True
+        finally:
+            if lock is not None:
+                lock.release()
+        return
+    import torch
+
+    with torch.compiler.set_stance("eager_on_recompile"):
+        yield False
+
+
+def _compile_lock() -> Any:
     from torch._dynamo import convert_frame
 
-    lock = getattr(convert_frame, "compile_lock", None)
-    return lock if lock is not None else contextlib.nullcontext()
+    return getattr(convert_frame, "compile_lock", None)
 
 
 #: The interpreter's thread switch interval while a background compile runs (default 5 ms).
