@@ -1,7 +1,9 @@
-"""HF ``Trainer.train()`` in a fused cell of a real kernel: the model and the optimizer the
-Trainer makes inside ``train()`` are adopted as they first run, each step is one group that
-repeats (the LR schedule and Adam's bias corrections lifted), the groups hit the cache once
-compiled, and the logged losses equal strict mode's."""
+"""HF ``Trainer.train()`` in a fused cell of a real kernel, with the logged losses equal to
+strict mode's. By default the model the Trainer makes inside ``train()`` turns hot: its calls
+run compiled whole and hit once compiled. With every training call recorded
+(``--no-hot-training``), the model and the optimizer are adopted as they first run, each step
+is one group that repeats (the LR schedule and Adam's bias corrections lifted), and the groups
+hit the cache once compiled."""
 
 from __future__ import annotations
 
@@ -39,12 +41,26 @@ def train():
 """
 
 
-def test_trainer_train_in_a_fused_cell_fuses_each_step(kernel):
+def test_trainer_train_in_a_fused_cell_compiles_the_model_whole(kernel):
+    assert kernel.run(SETUP, timeout=300).error is None
+    assert kernel.run("expected = train()", timeout=300).error is None
+    fused = kernel.run("%%tpu_mode fused --sync-compile\nlosses = train()", timeout=600)
+    assert fused.error is None, fused.error
+    assert kernel.value("losses") == pytest.approx(kernel.value("expected"), rel=1e-5)
+    groups = kernel.value("tpunb.stats()['groups']")
+    calls = [g for g in groups if g["key"] == "BertForSequenceClassification-training"]
+    assert len(calls) >= 16, [g["trigger"] for g in groups]  # from the model's 3rd call or so
+    assert calls[0]["status"] == "miss" and {g["status"] for g in calls[1:]} == {"hit"}, calls
+    # the Trainer's CPU AdamW is fused=True: PyTorch's own fused kernel steps it (hotsteps.py)
+    assert not [g for g in groups if g["key"].endswith("-step")]
+
+
+def test_trainer_train_in_a_fused_cell_with_every_call_recorded_fuses_each_step(kernel):
     assert kernel.run(SETUP, timeout=300).error is None
     strict = kernel.run("expected = train()", timeout=300)
     assert strict.error is None, strict.error
     before = kernel.value("len(tpunb.stats()['groups'])")
-    fused = kernel.run("%%tpu_mode fused --sync-compile\nlosses = train()", timeout=600)
+    fused = kernel.run("%%tpu_mode fused --sync-compile --no-hot-training\nlosses = train()", timeout=600)
     assert fused.error is None, fused.error
     assert kernel.value("losses") == pytest.approx(kernel.value("expected"), rel=1e-5)
     groups = kernel.value("tpunb.stats()['groups']")[before:]

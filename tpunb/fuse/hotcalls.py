@@ -336,7 +336,8 @@ class HotCall:
             compiled=compiled,
             uncompiled=uncompiled,
             compiling=training and self.later.compiling,
-            miss_reason=why_run(compiled, uncompiled, may_compile, code),
+            may_compile=may_compile,
+            code=code,
             compile_in_call=not training,
         )
         if engine.hot._depth == 0 and not engine.trace.ops:
@@ -405,16 +406,20 @@ def publish_whole_call(
     compiled: int,
     uncompiled: bool,
     compiling: bool,
-    miss_reason: str | None,
+    may_compile: bool,
+    code: Any,
     compile_in_call: bool = False,
 ) -> None:
     """Count a call compiled whole (a hot module call, a hot optimizer step) in the cache's
     counters and publish its group record, at the user's line that made it: a miss when
     Dynamo compiled a graph during it, ``eager`` when Dynamo ran it uncompiled, ``compiling``
-    while its graph runs as captured, a hit otherwise. ``compile_in_call``: the compile ran
-    inside the call (Inductor at once, not on the worker), so its time is the call's."""
+    while its graph runs as captured, a hit otherwise. A call that ran as it is because the
+    worker held the compiler (``may_compile`` false) asked nothing of the cache: its row says
+    so, the counters leave it out. ``compile_in_call``: the compile ran inside the call
+    (Inductor at once, not on the worker), so its time is the call's."""
     run_ms = (time.perf_counter() - started) * 1000
-    engine.cache.count_whole_call(compiled, run_ms if compiled else 0.0, uncompiled)
+    if may_compile or not uncompiled:
+        engine.cache.count_whole_call(compiled, run_ms if compiled else 0.0, uncompiled)
     publish = engine.publish
     if publish is None:
         return
@@ -437,7 +442,7 @@ def publish_whole_call(
             compile_ms=run_ms if compiled and compile_in_call else None,
             run_ms=run_ms,
             lifted=0,
-            miss_reason=miss_reason,
+            miss_reason=why_run(compiled, uncompiled, may_compile, code),
             whole_call=True,
             at=where.label if where else None,
         )

@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from tpunb.events import OPTIMIZER_STEP_SUFFIX
 from tpunb.fuse.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.hotcalls import calling, in_fused_scope, publish_whole_call, why_run
+from tpunb.fuse.hotcalls import calling, in_fused_scope, publish_whole_call
 from tpunb.fuse.worker import compiling_only_if_free
 
 if TYPE_CHECKING:
@@ -194,7 +194,8 @@ class HotStep:
             compiled=compiled,
             uncompiled=uncompiled,
             compiling=self.later.compiling,
-            miss_reason=why_run(compiled, uncompiled, may_compile, code),
+            may_compile=may_compile,
+            code=code,
         )
         if not engine.trace.ops:
             engine.modes.step_aside(engine)
