@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import pickle
 import threading
+import time
 
 import pytest
 import torch
@@ -213,6 +214,35 @@ def test_hot_calls_and_steps_never_wait_for_the_compile_worker():
     later = whole_calls(bus, "-training")[len(whole_calls(bus, "-training")) - 3 :]
     assert later[0].status == GroupStatus.MISS, later
     assert losses == pytest.approx([step(reference, reference_optimizer) for _ in losses], rel=1e-5)
+
+
+def test_with_sync_compile_a_hot_call_waits_for_the_worker_and_compiles():
+    """``--sync-compile`` asks for compiled code at once: a hot call that meets the worker
+    compiling waits for the compiler, then compiles (a miss, not a run as it is)."""
+    from torch._dynamo.convert_frame import compile_lock
+
+    model = small_model().eval()
+    holding = threading.Event()
+
+    def worker_compiling() -> None:
+        with compile_lock:
+            holding.set()
+            time.sleep(0.5)
+
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+    x = torch.randn(2, 8)
+    with engine.scope(FuseOptions(sync_compile=True)), torch.no_grad():
+        for _ in range(HOT_AFTER):
+            model(x)
+        holder = threading.Thread(target=worker_compiling)
+        holder.start()
+        holding.wait(10)
+        out = model(x)
+    holder.join()
+    [call] = whole_calls(bus)
+    assert call.status == GroupStatus.MISS, call
+    torch.testing.assert_close(out, small_model().eval()(x))
 
 
 @pytest.mark.parametrize("hot_training", [True, False])

@@ -303,7 +303,11 @@ class HotCall:
             args, kwargs = plain_values(engine, args, seen), plain_values(engine, kwargs, seen)
         graphs, runs = counters["stats"]["unique_graphs"], self.runs.count
         first_node = next_node_number()
-        with engine.hot.hooks.lifted(), _disable_current_modes(), compiling_only_if_free() as may_compile:
+        with (
+            engine.hot.hooks.lifted(),
+            _disable_current_modes(),
+            compiling_only_if_free(engine.options.sync_compile) as may_compile,
+        ):
             try:
                 out = self.compiled[now](*args, **kwargs)
             except TorchRuntimeError:

@@ -166,7 +166,7 @@ class HotStep:
             engine.adoption.step_hook_lifted(),
             _disable_current_modes(),
             profiler_notice_hidden(),
-            compiling_only_if_free() as may_compile,
+            compiling_only_if_free(engine.options.sync_compile) as may_compile,
         ):
             try:
                 out = self.compiled(optimizer) if self._pass_optimizer else self.compiled()

@@ -64,15 +64,17 @@ COMPILER_BUSY = "run as it is: the compile worker was busy, so it compiles at a 
 
 
 @contextlib.contextmanager
-def compiling_only_if_free() -> Iterator[bool]:
+def compiling_only_if_free(wait: bool = False) -> Iterator[bool]:
     """Around a call Dynamo may have to compile on the notebook thread (a hot module call, a
     hot optimizer step), which must not wait for the worker's compile (seconds, a minute for a
     model's backward): with the compiler free, the call holds its lock (the worker starts its
     next job after it) and may compile; with the worker compiling, the call runs in Dynamo's
     ``eager_on_recompile`` stance, where compiled code whose guards pass runs and anything
-    else runs as it is, taking no lock. Yields whether the call could compile."""
+    else runs as it is, taking no lock. ``wait`` (``--sync-compile``, which asks for compiled
+    code at once) takes the lock however long the worker holds it. Yields whether the call
+    could compile."""
     lock = _compile_lock()
-    if lock is None or lock.acquire(blocking=False):
+    if lock is None or lock.acquire(blocking=wait):
         try:
             yield True
         finally:
