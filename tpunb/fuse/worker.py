@@ -64,7 +64,7 @@ COMPILER_BUSY = "run as it is: the compile worker was busy, so it compiles at a 
 
 
 @contextlib.contextmanager
-def compiling_only_if_free(wait: bool = False) -> Iterator[bool]:
+def compiling_only_if_free(wait: bool) -> Iterator[bool]:
     """Around a call Dynamo may have to compile on the notebook thread (a hot module call, a
     hot optimizer step), which must not wait for the worker's compile (seconds, a minute for a
     model's backward): with the compiler free, the call holds its lock (the worker starts its
