@@ -80,10 +80,10 @@ class TpuMagics(Magics):
     @argument(
         "--hot-training",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,
         help="fused mode: compile a module trained again and again whole, forward and backward, "
-        "and run the loop around it as eager PyTorch (the default); --no-hot-training records "
-        "every training call instead.",
+        "and run the loop around it as eager PyTorch (the default on torch 2.13 and later); "
+        "--no-hot-training records every training call instead.",
     )
     @line_cell_magic
     def tpu_mode(self, line: str, cell: str | None = None) -> Any:
@@ -115,7 +115,7 @@ class TpuMagics(Magics):
                 allow_nan=args.allow_nan,
                 allow_inf=args.allow_inf,
                 sync_compile=args.sync_compile,
-                hot_training=args.hot_training,
+                **({} if args.hot_training is None else {"hot_training": args.hot_training}),
             )
             if cell is None:
                 previous = self.session.default.describe()

@@ -10,6 +10,8 @@ import enum
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+import torch
+
 Named = TypeVar("Named", bound=enum.Enum)
 
 
@@ -63,6 +65,13 @@ def parse_mode(value: str | Mode) -> Mode:
     raise ModeError(f"unknown mode {value!r}; valid modes: {valid}")
 
 
+#: Fused mode compiles a module trained again and again whole by default where Dynamo compiles
+#: under tpunb's dispatch mode: torch 2.13 does (measured); torch 2.8 (Kaggle's image) skips
+#: every frame under it, so there each module would warn and fall back to recording, and the
+#: versions between are unmeasured. Elsewhere ``--hot-training`` still turns it on.
+HOT_TRAINING_BY_DEFAULT = torch.torch_version.TorchVersion(torch.__version__) >= (2, 13)
+
+
 @dataclass(frozen=True)
 class ModeConfig:
     """A mode plus the options that tune it (options only some modes read).
@@ -74,7 +83,7 @@ class ModeConfig:
     allow_nan: bool = False  # debug: a new NaN is not an error
     allow_inf: bool = False  # debug: a new Inf is not an error
     sync_compile: bool = False  # fused: compile a new group before running it, not in the background
-    hot_training: bool = True  # fused: compile a module trained again and again whole (fuse/hotcalls.py)
+    hot_training: bool = HOT_TRAINING_BY_DEFAULT  # fused: a module trained again and again compiled whole
 
     @classmethod
     def build(cls, mode: str | Mode, **options: bool) -> ModeConfig:

@@ -79,6 +79,7 @@ from tpunb.fuse.settled import NO_TENSORS, PLAIN, mark, settled_arguments, small
 from tpunb.fuse.trace import Trace, tensor_meta
 from tpunb.fuse.workarounds import skip_dynamo_in
 from tpunb.fuse.wrapper_meta import INPLACE_VIEWS, STORAGE_CHANGING, as_recorded, restride
+from tpunb.modes import HOT_TRAINING_BY_DEFAULT
 from tpunb.source import SourceLocation, locate, user_frame
 from tpunb.value_reads import flush_reason
 
@@ -92,7 +93,7 @@ class FuseOptions:
     compile: bool = True  # False: every group replays op by op (isolates recording from Inductor)
     # a module trained again and again is compiled whole, forward and backward (hotcalls.py),
     # and the optimizer stepping it too (hotsteps.py); False records every training call
-    hot_training: bool = True
+    hot_training: bool = HOT_TRAINING_BY_DEFAULT
     max_ops: int = MAX_OPS
 
 
