@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -256,6 +257,38 @@ def test_compiled_in_the_background_and_swapped_in_mid_loop() -> None:
         strict[2].append(torch.random.get_rng_state())
         strict[1].append(plain_step(reference, reference_optimizer, step))
     assert_same_training(strict, (model, losses, states))
+
+
+def test_the_worker_reads_no_tensor_the_notebook_thread_is_changing(monkeypatch) -> None:
+    """AOTAutograd makes a fake tensor of each input by reading its metadata, ``.grad``
+    included; on the worker that read raced ``zero_grad()`` on the notebook thread (a segfault,
+    seen once in CI). The fakes are made when the call is captured, on the notebook thread: the
+    worker reads no real tensor while it compiles the model's call and the optimizer's step."""
+    from torch._subclasses import meta_utils
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    read_on_worker: list[tuple[int, ...]] = []
+    describe = meta_utils.MetaTensorDescriber.describe_tensor
+
+    def watched(self, tensor, *args, **kwargs):
+        if threading.current_thread().name.startswith("tpunb-compile") and not isinstance(tensor, FakeTensor):
+            read_on_worker.append(tuple(tensor.shape))
+        return describe(self, tensor, *args, **kwargs)
+
+    monkeypatch.setattr(meta_utils.MetaTensorDescriber, "describe_tensor", watched)
+    seen = []
+    engine = FusionEngine(torch.device("cpu"), seen.append)
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with engine.scope(FuseOptions(hot_training=True), adopt=(model, optimizer)):
+        for step in range(STEPS):
+            plain_step(model, optimizer, step)
+        engine.cache.wait_idle()
+        plain_step(model, optimizer, STEPS)
+    compiled = {g.key for g in seen if getattr(g, "status", None) in ("compiling", "hit")}
+    assert "Net-training" in compiled, compiled
+    assert read_on_worker == []
 
 
 def test_the_loop_around_a_hot_training_call_runs_outside_recording() -> None:

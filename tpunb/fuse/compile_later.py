@@ -126,6 +126,7 @@ class CompiledLater:
         # grad mode is per thread: the worker's is on, and a graph captured without grad (an
         # optimizer's step) would compile as a training graph, with autograd's wrapper per call
         grad = torch.is_grad_enabled()
+        fakes = fakes_made_here(graph, examples, context)
 
         def job() -> Callable[..., Any]:
             from torch._inductor import config
@@ -138,7 +139,9 @@ class CompiledLater:
                 config.patch(fallback_random=True),
                 autograd_as_eager(),
             ):
-                return compile_fx(graph, examples)
+                compiled = compile_fx(graph, examples)
+            fakes.clear()
+            return compiled
 
         if wait:  # inside Dynamo's compile, which holds the lock the worker would wait for
             cache.compile_here(name, self.variant, job)
@@ -160,6 +163,48 @@ class CompiledLater:
         """Drop the graph and the compiled code (``CompileLater.release``)."""
         self.graph = None
         self.variant = Variant(lifted={}, state=VariantState.FAILED)
+
+
+def fakes_made_here(
+    graph: torch.fx.GraphModule, examples: list[Any], context: torch._guards.TracingContext | None
+) -> list[Any]:
+    """The fake tensors AOTAutograd will trace ``graph`` with, made now, on the notebook thread,
+    and held until the worker's compile ends.
+
+    AOTAutograd turns each real input and each of the graph's parameters into a fake tensor
+    by reading its metadata, its ``.grad`` included. On the worker that read races the
+    notebook thread, which meanwhile sets ``p.grad = None`` in ``zero_grad()`` (a segfault,
+    seen once in CI). Its fake mode keeps what it made only while something holds it
+    (a weak memo), and returns a held one without reading the tensor again: so they are made
+    here, with the arguments AOTAutograd would use (``process_inputs``: Dynamo's symbolic
+    context where Dynamo made one, static shapes for the graph's own parameters)."""
+    fake_mode = context.fake_mode if context is not None else None
+    if fake_mode is None:
+        return []
+    from torch._functorch import config as functorch_config
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    own = [t for _, t in graph.named_parameters(remove_duplicate=False)]
+    own += [t for _, t in graph.named_buffers(remove_duplicate=False)]
+    fakes: list[Any] = []
+    for index, tensor in enumerate([*own, *examples]):
+        if not isinstance(tensor, torch.Tensor) or isinstance(tensor, FakeTensor):
+            continue
+        if is_traceable_wrapper_subclass(tensor):
+            continue
+        symbolic = context.tensor_to_context.get(tensor)
+        if symbolic is not None:
+            source = symbolic.tensor_source
+            fake = fake_mode.from_tensor(
+                tensor, static_shapes=False, symbolic_context=symbolic, source=source, trace=False
+            )
+        elif index < len(own) and functorch_config.static_weight_shapes:
+            fake = fake_mode.from_tensor(tensor, static_shapes=True)
+        else:
+            fake = fake_mode.from_tensor(tensor, static_shapes=False)
+        fakes.append(fake)
+    return fakes
 
 
 def copy_sharing_tensors(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
