@@ -3,8 +3,7 @@ whole, the optimizer stepping its parameters runs ``step()`` compiled whole too,
 strict's numbers; a learning-rate schedule compiles no new graph once warm; a closure, a
 scheduler made later and steps outside fused scopes keep working as PyTorch's own.
 
-Dynamo keeps at most 8 compiled versions of one optimizer class's step per process (one per
-optimizer), so each test starts from a reset Dynamo."""
+Each test starts from a reset Dynamo: what one compiled does not change what the next counts."""
 
 from __future__ import annotations
 
@@ -142,15 +141,32 @@ def test_a_scheduler_made_after_the_step_turned_hot_still_schedules():
 def test_past_dynamos_limit_of_step_versions_the_step_runs_eagerly_and_says_so():
     bus = EventBus()
     engine = FusionEngine(torch.device("cpu"), bus.publish)
+    model, optimizer = make()
     with torch._dynamo.config.patch(recompile_limit=1):
-        for _ in range(2):  # the second optimizer's step is a new version of AdamW.step
-            model, optimizer = make()
+        for index in range(FIRST_COMPILED_STEP + 3):
+            if index == FIRST_COMPILED_STEP + 1:  # a new lr: a second version of the step
+                optimizer.param_groups[0]["lr"] = 5e-3
             with engine.scope(SYNC, adopt=(model, optimizer)):
-                for index in range(FIRST_COMPILED_STEP + 2):
-                    step(model, optimizer, index)
+                step(model, optimizer, index)
     steps = [g for g in bus.recent("group") if g.key == "AdamW-step"]
+    assert steps[0].status == "miss", [g.status for g in steps]
     assert steps[-1].status == "eager" and "limit of 1 compiled versions" in steps[-1].miss_reason
     assert not isinstance(optimizer.__dict__.get("step"), HotStep)  # eager from then on
+
+
+def test_an_optimizer_made_again_and_again_keeps_a_compiled_step():
+    """A set-up cell run again makes a new optimizer of the same class: every one of them
+    gets its step compiled, past Dynamo's 8 versions of the class's shared step frames."""
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+    for _ in range(10):
+        model, optimizer = make()
+        with engine.scope(SYNC, adopt=(model, optimizer)):
+            for index in range(FIRST_COMPILED_STEP + 2):
+                step(model, optimizer, index)
+        assert isinstance(optimizer.__dict__.get("step"), HotStep)
+        last = [g for g in bus.recent("group") if g.key == "AdamW-step"][-1]
+        assert last.status == "hit", (last.status, last.miss_reason)
 
 
 def test_state_loaded_into_a_hot_optimizer_is_the_state_it_updates():

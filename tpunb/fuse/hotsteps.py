@@ -73,7 +73,7 @@ class HotSteps:
 
     def refuse(self, optimizer: torch.optim.Optimizer, step: HotStep) -> None:
         """Never compile ``optimizer``'s step again: Dynamo failed on it, or ran it uncompiled
-        (its limit of compiled versions of the class's step is per process: 8 optimizers)."""
+        (past the limit of compiled versions of its step: ``versions_counted_per_optimizer``)."""
         if optimizer.__dict__.get("step") is step:
             optimizer.step = step.previous  # type: ignore[method-assign]
         self._refused.add(optimizer)
@@ -167,6 +167,7 @@ class HotStep:
             _disable_current_modes(),
             profiler_notice_hidden(),
             compiling_only_if_free(engine.options.sync_compile) as may_compile,
+            versions_counted_per_optimizer(len(self.later.made)),
         ):
             try:
                 out = self.compiled(optimizer) if self._pass_optimizer else self.compiled()
@@ -200,6 +201,27 @@ class HotStep:
         if not engine.trace.ops:
             engine.modes.step_aside(engine)
         return out
+
+
+@contextlib.contextmanager
+def versions_counted_per_optimizer(made: int) -> Iterator[None]:
+    """Dynamo's limit of compiled versions (``recompile_limit``, 8), counted for one optimizer.
+
+    Dynamo counts versions per code object, and a step runs in frames every optimizer of its
+    class shares: PyTorch's ``_use_grad`` breaks the graph on purpose, so the class's own
+    ``step`` is a frame of its own. Each new optimizer's step added a version there, and a
+    notebook whose set-up cell made its optimizer a ninth time (run again) stepped eagerly from
+    then on (measured). So while a hot step runs, Dynamo's own limit is the one it keeps over
+    all versions of a frame (``accumulated_recompile_limit``, 256), and once this optimizer has
+    made ``recompile_limit`` graphs (``made``), a step that fits none of them runs as it is."""
+    from torch._dynamo import config
+
+    limit = config.recompile_limit
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(config.patch(recompile_limit=max(limit, config.accumulated_recompile_limit)))
+        if made >= limit:
+            stack.enter_context(torch.compiler.set_stance("eager_on_recompile"))
+        yield
 
 
 def plain_parameters(optimizer: torch.optim.Optimizer) -> bool:
