@@ -1,11 +1,16 @@
 """Fused equals strict on real Hugging Face architectures (tiny configs, random weights, the
 model suite's builders): training losses, final parameters and evaluation logits.
 
-Most run with replay (``compile=False``): recording, the known path, adoption and the
-foreach optimizer are what differ from strict mode there, and each compile of a training
-step costs tens of seconds here. Two architectures also run compiled, so Inductor's
-groups (lifted bias corrections included) are checked against strict too; the model suite
-(``python -m benchmarks.models``) checks every architecture compiled.
+Three ways fused mode trains, each against strict mode:
+
+* compiled whole (fused mode's default, hot training): the first calls are recorded, then the
+  model's training call (forward and backward) and its optimizer's step run as Inductor
+  compiled them; 12 architectures;
+* the recorder replayed (``compile=False``): recording, the known path, adoption and the
+  foreach optimizer are what differ from strict mode there; 15 architectures;
+* the recorder's groups compiled (``--no-hot-training``), lifted bias corrections included;
+  two architectures. The model suite (``python -m benchmarks.models``) checks every
+  architecture compiled.
 """
 
 from __future__ import annotations
@@ -17,11 +22,18 @@ import pytest
 import torch
 
 from benchmarks.hf_suite import build, loss_of
+from tpunb.events import EventBus, GroupStatus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
+from tpunb.fuse.hotcalls import HOT_AFTER
+from tpunb.fuse.hotsteps import HOT_STEPS_AFTER
 
 REPLAY = FuseOptions(compile=False)
 COMPILED = FuseOptions(sync_compile=True, hot_training=False)  # the recorder's groups, compiled
+WHOLE = FuseOptions(sync_compile=True, hot_training=True)  # the model and its step compiled whole
 STEPS = 4
+#: Steps until both the training call and the optimizer's step have run compiled code: the
+#: model turns hot at its HOT_AFTER-th call, its optimizer at the HOT_STEPS_AFTER-th step after.
+WHOLE_STEPS = HOT_AFTER + HOT_STEPS_AFTER + 1
 
 #: Encoders (FNet: Fourier transforms instead of attention), decoders, encoder-decoders and a
 #: vision model: 15 architectures.
@@ -43,12 +55,27 @@ REPLAYED = [
     "fnet",
 ]
 COMPILED_ARCHS = ["bert", "llama"]
+#: Encoders, decoders, an encoder-decoder, a vision model and FNet, compiled whole.
+COMPILED_WHOLE = [
+    "bert",
+    "distilbert",
+    "roberta",
+    "gpt2",
+    "gpt-neo",
+    "opt",
+    "bart",
+    "llama",
+    "qwen3",
+    "mistral",
+    "vit",
+    "fnet",
+]
 
 
-def train(model, opt, inputs, engine: FusionEngine | None, options: FuseOptions) -> list[float]:
+def train(model, opt, inputs, engine: FusionEngine | None, options: FuseOptions, steps: int) -> list[float]:
     model.train()
     losses = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         scope = engine.scope(options, adopt=(model, opt)) if engine is not None else contextlib.nullcontext()
         with scope:
             loss = loss_of(model(**inputs), inputs)
@@ -72,14 +99,16 @@ def logits_of(model, inputs, engine: FusionEngine | None) -> torch.Tensor:
     return logits.materialized() if isinstance(logits, DeferredTensor) else logits
 
 
-def check_equal(name: str, options: FuseOptions) -> FusionEngine:
+def check_equal(
+    name: str, options: FuseOptions, steps: int = STEPS, bus: EventBus | None = None
+) -> FusionEngine:
     strict_model, inputs = build(name, "tiny")
     fused_model = copy.deepcopy(strict_model)
     strict_opt = torch.optim.AdamW(strict_model.parameters(), lr=1e-3)
     fused_opt = torch.optim.AdamW(fused_model.parameters(), lr=1e-3)
-    expected = train(strict_model, strict_opt, inputs, None, options)
-    engine = FusionEngine(torch.device("cpu"))
-    got = train(fused_model, fused_opt, inputs, engine, options)
+    expected = train(strict_model, strict_opt, inputs, None, options, steps)
+    engine = FusionEngine(torch.device("cpu"), bus.publish if bus is not None else None)
+    got = train(fused_model, fused_opt, inputs, engine, options, steps)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=f"{name}: losses")
     # AdamW divides each gradient by its running scale: an element whose gradients are near zero
     # moves by about the learning rate either way, so a compiled kernel's other order of sums
@@ -92,13 +121,23 @@ def check_equal(name: str, options: FuseOptions) -> FusionEngine:
     torch.testing.assert_close(
         logits_of(fused_model, inputs, engine), logits_of(strict_model, inputs, None), rtol=1e-4, atol=5e-5
     )
-    assert engine.groups >= STEPS  # forward, backward and update recorded, at least a group a step
     return engine
+
+
+@pytest.mark.parametrize("name", COMPILED_WHOLE)
+def test_training_compiled_whole_equals_strict(name):
+    bus = EventBus()
+    check_equal(name, WHOLE, WHOLE_STEPS, bus)
+    rows = [g for g in bus.recent("group") if g.key.endswith(("-training", "-step"))]
+    calls = {g.key.rsplit("-", 1)[1]: g for g in rows}
+    assert set(calls) == {"training", "step"}, [g.key for g in rows]
+    assert all(g.status is GroupStatus.HIT for g in calls.values()), [(g.key, g.status) for g in rows]
 
 
 @pytest.mark.parametrize("name", REPLAYED)
 def test_fused_training_and_logits_equal_strict(name):
     engine = check_equal(name, REPLAY)
+    assert engine.groups >= STEPS  # forward, backward and update recorded, at least a group a step
     assert engine.counts["followed"] > engine.counts["recorded"]  # later steps followed the first
 
 

@@ -57,7 +57,7 @@ def test_a_group_records_the_plan_it_ran_by():
     import torch
 
     from tpunb.events import EventBus
-    from tpunb.fuse.engine import FuseOptions, FusionEngine
+    from tpunb.fuse import FuseOptions, FusionEngine
 
     bus = EventBus()
     engine = FusionEngine(torch.device("cpu"), bus.publish)

@@ -1,0 +1,21 @@
+"""What a fused scope was asked for (``%tpu_mode fused --sync-compile``, ``--no-hot-training``):
+one frozen value, read by the engine and by each stage it hands a group to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpunb.modes import HOT_TRAINING_BY_DEFAULT
+
+#: Default bound on ops per group: compile time grows with graph size (research/fusion.md).
+MAX_OPS = 1000
+
+
+@dataclass(frozen=True)
+class FuseOptions:
+    sync_compile: bool = False  # compile on the first sighting, and wait (benchmarks, tests)
+    compile: bool = True  # False: every group replays op by op (isolates recording from Inductor)
+    # a module trained again and again is compiled whole, forward and backward (hotcalls.py),
+    # and the optimizer stepping it too (hotsteps.py); False records every training call
+    hot_training: bool = HOT_TRAINING_BY_DEFAULT
+    max_ops: int = MAX_OPS
