@@ -271,7 +271,10 @@ def test_the_worker_reads_no_tensor_the_notebook_thread_is_changing(monkeypatch)
     describe = meta_utils.MetaTensorDescriber.describe_tensor
 
     def watched(self, tensor, *args, **kwargs):
-        if threading.current_thread().name.startswith("tpunb-compile") and not isinstance(tensor, FakeTensor):
+        # the user's own tensors (a parameter, or one with a gradient); a recorded group's
+        # compile reads detached aliases of its inputs, whose metadata the notebook never changes
+        on_worker = threading.current_thread().name.startswith("tpunb-compile")
+        if on_worker and not isinstance(tensor, FakeTensor) and (tensor.is_leaf and tensor.requires_grad):
             read_on_worker.append(tuple(tensor.shape))
         return describe(self, tensor, *args, **kwargs)
 
@@ -281,14 +284,15 @@ def test_the_worker_reads_no_tensor_the_notebook_thread_is_changing(monkeypatch)
     torch.manual_seed(0)
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    hits: set[str] = set()
     with engine.scope(FuseOptions(hot_training=True), adopt=(model, optimizer)):
-        for step in range(STEPS):
+        for step in range(20_000):  # until the worker has compiled the call and the step
             plain_step(model, optimizer, step)
-        engine.cache.wait_idle()
-        plain_step(model, optimizer, STEPS)
-    compiled = {g.key for g in seen if getattr(g, "status", None) in ("compiling", "hit")}
-    assert "Net-training" in compiled, compiled
-    assert read_on_worker == []
+            hits |= {g.key for g in seen[-4:] if getattr(g, "status", None) == "hit"}
+            if {"Net-training", "AdamW-step"} <= hits:
+                break
+    assert {"Net-training", "AdamW-step"} <= hits, hits
+    assert read_on_worker == [], read_on_worker
 
 
 def test_the_loop_around_a_hot_training_call_runs_outside_recording() -> None:

@@ -240,10 +240,13 @@ class FusionEngine:
         check_not_failed(wrapper)
         return wrapper._value
 
-    def flush(self, reason: str, wait: bool = False) -> None:
+    def flush(self, reason: str, wait: bool = False, warming: bool = False) -> None:
         """Run everything recorded so far as one group; ``wait``: because the host needs
-        values now (a read, an op that cannot be deferred), not at a boundary of the engine's."""
+        values now (a read, an op that cannot be deferred), not at a boundary of the engine's;
+        ``warming``: before a call compiled whole, after which the trace will not come back
+        (hotcalls.py), so it is not compiled."""
         __tracebackhide__ = True
+        self.trace.warming |= warming
         if not self.trace.ops:
             return
         # the group's own ops are not recorded; an interrupt waits until its results are handed

@@ -285,22 +285,11 @@ class HotCall:
         return self._run_compiled(module, args, kwargs, now)
 
     def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: str) -> Any:
-        from torch._dynamo.exc import InternalTorchDynamoError, TorchRuntimeError
         from torch._dynamo.utils import counters
 
         engine = self.engine
         started = time.perf_counter()
-        # what was recorded before the call (a batch picked, moved) is not compiled: from now on
-        # the loop around hot calls runs as eager PyTorch (aside.py), so it will not come back,
-        # and its compile would hold the compile lock Dynamo needs for this call's capture
-        engine.trace.warming = True
-        engine.flush(f"{self.name} call (compiled whole)")
-        with engine.interrupts, _disable_current_modes():
-            if any(type(t) is DeferredTensor for t in self.tensors):
-                engine.adoption.release((module,))
-                self.tensors = [*module.parameters(), *module.buffers()]
-            seen: set[int] = set()
-            args, kwargs = plain_values(engine, args, seen), plain_values(engine, kwargs, seen)
+        args, kwargs = self._plain_arguments(module, args, kwargs)
         graphs, runs = counters["stats"]["unique_graphs"], self.runs.count
         first_node = next_node_number()
         with (
@@ -308,21 +297,7 @@ class HotCall:
             _disable_current_modes(),
             compiling_only_if_free(engine.options.sync_compile) as may_compile,
         ):
-            try:
-                out = self.compiled[now](*args, **kwargs)
-            except TorchRuntimeError:
-                # the user's own error, met while Dynamo traced (a shape that does not fit):
-                # the call as it is raises the real exception, at the user's line
-                return module._call_impl(*args, **kwargs)
-            except InternalTorchDynamoError as error:
-                engine.hot.refuse(module)  # recorded from the next call on
-                warnings.warn(
-                    f"tpunb fused: Dynamo failed on {self.name}'s call ({error}); its calls are recorded "
-                    "from now on",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                raise
+            out = self._call_through_dynamo(module, now, args, kwargs)
         compiled = counters["stats"]["unique_graphs"] - graphs
         # Dynamo ran it as it is: past its recompile limit, or the worker held the compiler
         uncompiled = self.runs.count == runs
@@ -331,7 +306,6 @@ class HotCall:
                 self._refused_at_first_call(module)
             self.called.add(now)
         training = now == TRAINING
-        code = getattr(self.compiled[now], "__wrapped__", None)
         publish_whole_call(
             engine,
             key=f"{self.name}-{'training' if training else 'whole'}",
@@ -341,14 +315,51 @@ class HotCall:
             uncompiled=uncompiled,
             compiling=training and self.later.compiling,
             may_compile=may_compile,
-            code=code,
+            code=getattr(self.compiled[now], "__wrapped__", None),
             compile_in_call=not training,
         )
         if engine.hot._depth == 0 and not engine.trace.ops:
             engine.modes.step_aside(engine)  # the loop around it runs as eager PyTorch: aside.py
-        if now == TRAINING:
+        if training:
             backward_as_forward(engine, out, first_node)
         return mark(out)  # and if it is recorded again, it works on these: settled.py
+
+    def _plain_arguments(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple:
+        """The call's arguments and the module's tensors as plain tensors, for Dynamo.
+
+        What was recorded before the call (a batch picked, moved) runs first, uncompiled: from
+        now on the loop around hot calls runs as eager PyTorch (aside.py), so it will not come
+        back, and its compile would hold the compile lock Dynamo needs for this call's capture."""
+        engine = self.engine
+        engine.flush(f"{self.name} call (compiled whole)", warming=True)
+        with engine.interrupts, _disable_current_modes():
+            if any(type(t) is DeferredTensor for t in self.tensors):
+                engine.adoption.release((module,))
+                self.tensors = [*module.parameters(), *module.buffers()]
+            seen: set[int] = set()
+            return plain_values(engine, args, seen), plain_values(engine, kwargs, seen)
+
+    def _call_through_dynamo(
+        self, module: torch.nn.Module, now: str, args: tuple, kwargs: dict[str, Any]
+    ) -> Any:
+        """The compiled call. A user's error Dynamo met while tracing is raised again by the call
+        as it is, at the user's line; a failure of Dynamo's own refuses the module (recorded
+        from its next call on), with one warning."""
+        from torch._dynamo.exc import InternalTorchDynamoError, TorchRuntimeError
+
+        try:
+            return self.compiled[now](*args, **kwargs)
+        except TorchRuntimeError:
+            return module._call_impl(*args, **kwargs)
+        except InternalTorchDynamoError as error:
+            self.engine.hot.refuse(module)
+            warnings.warn(
+                f"tpunb fused: Dynamo failed on {self.name}'s call ({error}); its calls are recorded "
+                "from now on",
+                RuntimeWarning,
+                stacklevel=5,  # the user's call of the module
+            )
+            raise
 
     def _refused_at_first_call(self, module: torch.nn.Module) -> None:
         """Dynamo ran the first call as it is, compiling nothing: this torch's Dynamo does not
