@@ -240,42 +240,64 @@ def build_graph(
     argument, item) inside a list argument). With lifted
     slots the graph takes one more input, the float64 scalars vector.
     """
-    graph = fx.Graph()
-    inputs = [graph.placeholder(f"in{i}") for i in range(input_count)]
-    scalars = graph.placeholder("scalars") if lifted else None
-    env: list[fx.Node | list[fx.Node]] = []
-    items: dict[tuple[int, int], fx.Node] = {}
+    builder = GraphBuilder(input_count, floats, lifted, slot_places)
+    for index, op in enumerate(ops):
+        builder.add(index, op, ops)
+    return builder.finish(outputs)
 
-    def item(ref: tuple, node: fx.Node | list[fx.Node]) -> fx.Node:
+
+class GraphBuilder:
+    """``build_graph``'s state: the FX graph so far, its inputs, and a node per recorded op
+    (``env``, a list of nodes for a foreach op written out per element)."""
+
+    def __init__(
+        self,
+        input_count: int,
+        floats: Sequence[float],
+        lifted: dict[int, tuple[int, torch.dtype]],
+        slot_places: dict[tuple, int],
+    ) -> None:
+        self.graph = graph = fx.Graph()
+        self.lifted, self.slot_places = lifted, slot_places
+        inputs = [graph.placeholder(f"in{i}") for i in range(input_count)]
+        self.scalars = graph.placeholder("scalars") if lifted else None
+        self.env: list[fx.Node | list[fx.Node]] = []
+        self.items: dict[tuple[int, int], fx.Node] = {}
+        self.lookup = _lookup(inputs, floats, self.env, self.item)
+        self.last_fill: fx.Node | None = None
+
+    def item(self, ref: tuple, node: fx.Node | list[fx.Node]) -> fx.Node:
+        """Output ``ref[2]`` of a multi-output op, picked once."""
         if type(node) is list:  # a foreach op written out per element
             return node[ref[2]]
-        if ref[1:] not in items:
-            items[ref[1:]] = graph.call_function(operator.getitem, (node, ref[2]))
-        return items[ref[1:]]
+        if ref[1:] not in self.items:
+            self.items[ref[1:]] = self.graph.call_function(operator.getitem, (node, ref[2]))
+        return self.items[ref[1:]]
 
-    def lifted_scalar(slot: int) -> fx.Node:
-        position, dtype = lifted[slot]
-        scalar = _call(graph, aten.select.int, scalars, 0, position)
-        return _call(graph, aten._to_copy.default, scalar, dtype=dtype)
+    def lifted_scalar(self, slot: int) -> fx.Node:
+        position, dtype = self.lifted[slot]
+        scalar = _call(self.graph, aten.select.int, self.scalars, 0, position)
+        return _call(self.graph, aten._to_copy.default, scalar, dtype=dtype)
 
-    def lifted_list(index: int, where: int | str, values: list) -> list[fx.Node] | None:
+    def lifted_list(self, index: int, where: int | str, values: list) -> list[fx.Node] | None:
         """A list argument (a foreach op's scalars) with lifted elements: each element as a
         0-dim tensor, lifted or constant; None when none is lifted."""
-        slots = [slot_places.get((index, where, k)) for k in range(len(values))]
-        dtypes = [lifted[s][1] for s in slots if s in lifted]
+        slots = [self.slot_places.get((index, where, k)) for k in range(len(values))]
+        dtypes = [self.lifted[s][1] for s in slots if s in self.lifted]
         if not dtypes:
             return None
         return [
-            lifted_scalar(s) if s in lifted else _call(graph, aten.scalar_tensor.default, v, dtype=dtypes[0])
+            self.lifted_scalar(s)
+            if s in self.lifted
+            else _call(self.graph, aten.scalar_tensor.default, v, dtype=dtypes[0])
             for s, v in zip(slots, values, strict=True)
         ]
 
-    lookup = _lookup(inputs, floats, env, item)
-    last_fill: fx.Node | None = None
-
-    for index, op in enumerate(ops):
-        args = [resolve(a, lookup) for a in op.args]
-        kwargs = {k: resolve(v, lookup) for k, v in op.kwargs.items()}
+    def add(self, index: int, op: OpRecord, ops: Sequence[OpRecord]) -> None:
+        """The node of recorded op ``index``: a random fill of a fresh buffer, an op with a
+        lifted float rewritten to take it as a tensor, or the op as recorded."""
+        args = [resolve(a, self.lookup) for a in op.args]
+        kwargs = {k: resolve(v, self.lookup) for k, v in op.kwargs.items()}
         buffer = op.args[0] if op.args else None
         if (
             is_ref(buffer)
@@ -285,25 +307,33 @@ def build_graph(
             and is_fresh_fill(op.func, op.kwargs, ops[buffer[1]].func)
         ):
             params = [float(a) for a in args[1:]]
-            last_fill = _call(graph, random_fill._opoverload, args[0], FILLS[op.func], params, last_fill)
-            env[buffer[1]] = last_fill  # the buffer, from here on, is the filled one
-            env.append(last_fill)
-            continue
-        node = None
+            fill = _call(self.graph, random_fill._opoverload, args[0], FILLS[op.func], params, self.last_fill)
+            self.last_fill = self.env[buffer[1]] = fill  # the buffer, from here on, is the filled one
+            self.env.append(fill)
+            return
+        node = self.with_lifted_float(index, op, args, kwargs)
+        self.env.append(node if node is not None else self.graph.call_function(op.func, tuple(args), kwargs))
+
+    def with_lifted_float(
+        self, index: int, op: OpRecord, args: list, kwargs: dict[str, Any]
+    ) -> fx.Node | None:
+        """The op rewritten (``LIFT_RULES``) at its first argument holding lifted floats; None
+        when it holds none."""
         for where in (*range(len(op.args)), *op.kwargs):
-            slot = slot_places.get((index, where))
+            slot = self.slot_places.get((index, where))
             value = args[where] if isinstance(where, int) else kwargs[where]
-            if slot in lifted:
-                scalar = lifted_scalar(slot)
-            elif type(value) is list and (scalar := lifted_list(index, where, value)) is not None:
+            if slot in self.lifted:
+                scalar = self.lifted_scalar(slot)
+            elif type(value) is list and (scalar := self.lifted_list(index, where, value)) is not None:
                 pass
             else:
                 continue
-            node = LIFT_RULES[(op.func, where)](graph, args, kwargs, scalar)
-            break
-        env.append(node if node is not None else graph.call_function(op.func, tuple(args), kwargs))
-    graph.output([lookup(ref) for ref in outputs])
-    return fx.GraphModule(torch.nn.Module(), graph)
+            return LIFT_RULES[(op.func, where)](self.graph, args, kwargs, scalar)
+        return None
+
+    def finish(self, outputs: Sequence[Ref]) -> fx.GraphModule:
+        self.graph.output([self.lookup(ref) for ref in outputs])
+        return fx.GraphModule(torch.nn.Module(), self.graph)
 
 
 def inductor_compile(graph: fx.GraphModule, examples: Sequence[Any]) -> Callable[..., Any]:
