@@ -77,7 +77,7 @@ def test_a_recorded_module_call_brings_the_mode_back(hot_scope):
     head = torch.nn.Linear(WIDTH, WIDTH)  # grad-free but never called before: recorded
     out = head(model(x))
     assert engine_mode_on_top(engine)
-    assert type(out) is DeferredTensor and out._pending is not None
+    assert type(out) is DeferredTensor and out.pending is not None
 
 
 def test_an_op_on_a_tpunb_wrapper_goes_to_the_engine(hot_scope):
@@ -88,7 +88,7 @@ def test_an_op_on_a_tpunb_wrapper_goes_to_the_engine(hot_scope):
     recorded = engine.counts["recorded"] + engine.counts["followed"]
     doubled = adopted.weight * 2
     assert engine_mode_on_top(engine)
-    assert type(doubled) is DeferredTensor and doubled._pending is not None
+    assert type(doubled) is DeferredTensor and doubled.pending is not None
     assert engine.counts["recorded"] + engine.counts["followed"] == recorded + 1
     assert torch.equal(doubled.materialized(), adopted.weight.materialized() * 2)
 

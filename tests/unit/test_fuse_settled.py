@@ -60,9 +60,9 @@ def test_a_big_factory_runs_at_once_as_an_eager_result_and_what_reads_it_records
     engine, bus = engine_and_bus()
     with engine.scope(REPLAY):
         big = torch.zeros(SMALL_NUMEL + 1)
-        assert type(big) is DeferredTensor and big._pending is None  # made, not recorded
+        assert type(big) is DeferredTensor and big.pending is None  # made, not recorded
         out = big + 1
-        assert out._pending is not None
+        assert out.pending is not None
     assert out.materialized().sum().item() == SMALL_NUMEL + 1
     assert len(bus.recent("group")) == 1
 

@@ -146,8 +146,8 @@ def test_script_api_fused_with_adoption():
         loss = model(torch.ones(4, 3)).sum()
         loss.backward()
         opt.step()
-        assert model.weight._pending is not None  # the update is recorded, not yet run
-    assert model.weight._pending is None and tpunb.current_mode() == "strict"
+        assert model.weight.pending is not None  # the update is recorded, not yet run
+    assert model.weight.pending is None and tpunb.current_mode() == "strict"
     assert tpunb.stats()["groups"][-1]["trigger"].startswith("end of fused block")
 
 

@@ -58,7 +58,7 @@ def adopt_tensor(tensor: torch.Tensor, engine: FusionEngine) -> int:
     if not adoptable(tensor, engine):
         return 0
     wrapper = DeferredTensor.wrap(tensor.detach(), engine)
-    wrapper._adopted = True
+    wrapper.adopted = True
     if isinstance(tensor, torch.nn.Parameter):
         wrapper._is_param = True
     if tensor.requires_grad:
@@ -72,16 +72,16 @@ def release_tensor(tensor: torch.Tensor) -> bool:
     """The inverse of ``adopt_tensor``: a materialized wrapper becomes a plain tensor again (a
     Parameter if it was one, its gradient plain too), in place. For code that must see plain
     tensors (Dynamo, in a hot call: hotcalls.py). Returns whether it was released."""
-    if type(tensor) is not DeferredTensor or tensor._pending is not None or tensor._value is None:
+    if type(tensor) is not DeferredTensor or tensor.pending is not None or tensor.value is None:
         return False
-    value = tensor._value
+    value = tensor.value
     if getattr(tensor, "_is_param", False):
         plain = torch.nn.Parameter(value, requires_grad=tensor.requires_grad)
     else:
         plain = value.detach().requires_grad_(tensor.requires_grad)
     grad = tensor.grad
     if grad is not None:
-        plain.grad = grad._value if type(grad) is DeferredTensor else grad
+        plain.grad = grad.value if type(grad) is DeferredTensor else grad
     return swap_in_place(tensor, plain)
 
 

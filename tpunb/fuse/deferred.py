@@ -1,7 +1,7 @@
 """DeferredTensor: a tensor whose value is real or still pending in the fused engine.
 
 A wrapper subclass (no storage of its own): shape, stride and dtype are known at once from
-meta inference; ``_value`` holds the real tensor once materialized; ``_pending`` is its
+meta inference; ``value`` holds the real tensor once materialized; ``pending`` is its
 reference in the engine's trace while its value depends on recorded ops.
 
 Inside a fused scope the engine's dispatch mode sees every op first. Outside one, this
@@ -27,13 +27,13 @@ if TYPE_CHECKING:
 
 
 class DeferredTensor(torch.Tensor):
-    _value: torch.Tensor | None
-    _pending: Ref | None
-    _meta: TensorMeta
-    _engine: FusionEngine
-    _error: BaseException | None
-    _from_group: bool = False  # its value was computed by a flushed group (not eagerly)
-    _adopted: bool = False  # a module's parameter or buffer, or optimizer state (adopt.py)
+    value: torch.Tensor | None
+    pending: Ref | None
+    meta: TensorMeta
+    engine: FusionEngine
+    error: BaseException | None
+    from_group: bool = False  # its value was computed by a flushed group (not eagerly)
+    adopted: bool = False  # a module's parameter or buffer, or optimizer state (adopt.py)
 
     @staticmethod
     def __new__(
@@ -48,8 +48,8 @@ class DeferredTensor(torch.Tensor):
         self = torch.Tensor._make_wrapper_subclass(
             cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device=device
         )
-        self._value, self._pending, self._meta = value, pending, meta
-        self._engine, self._error = engine, None
+        self.value, self.pending, self.meta = value, pending, meta
+        self.engine, self.error = engine, None
         return self
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -67,7 +67,7 @@ class DeferredTensor(torch.Tensor):
         # Reached outside a fused scope (the engine's mode comes first inside one), or in one
         # whose mode stepped aside between hot calls: then the op is the engine's (aside.py).
         kwargs = kwargs or {}
-        engine = _first_wrapper((args, kwargs))._engine
+        engine = _first_wrapper((args, kwargs)).engine
         if engine.modes.stepped_aside and not _only_values((args, kwargs)):
             try:
                 return engine.dispatch(func, args, kwargs)
@@ -80,7 +80,7 @@ class DeferredTensor(torch.Tensor):
     def materialized(self, reason: str = "materialize") -> torch.Tensor:
         """The real tensor, flushing pending work first. (Not named ``real``: that is the
         real part of a complex tensor, which models read: FNet's ``fftn(x).real``.)"""
-        return self._engine.materialize(self, reason)
+        return self.engine.materialize(self, reason)
 
     def tolist(self) -> Any:
         return self.materialized("tolist()").tolist()
@@ -142,7 +142,7 @@ def _only_values(value: Any) -> bool:
     mode stays aside: recording it would only record the loop around the hot calls (a loss on
     their outputs and a batch index flushed with them) op by op (aside.py)."""
     if isinstance(value, DeferredTensor):
-        return value._pending is None and value._value is not None and not value._adopted
+        return value.pending is None and value.value is not None and not value.adopted
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
     return all(_only_values(item) for item in items)
 

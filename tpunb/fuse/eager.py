@@ -102,7 +102,7 @@ def refresh_metadata(args: tuple, kwargs: dict[str, Any], op: OpFacts) -> None:
     """After an eager op changed a wrapped value's view or storage, match the wrapper."""
     for where in op.mutated:
         for wrapper in tensor_leaves(written_argument(args, kwargs, where)):
-            restride(wrapper, tensor_meta(wrapper._value))
+            restride(wrapper, tensor_meta(wrapper.value))
 
 
 def reads_group_result(op: OpFacts, scan: ArgumentScan) -> bool:
@@ -111,5 +111,5 @@ def reads_group_result(op: OpFacts, scan: ArgumentScan) -> bool:
     since keeps each group aligned with a step, so the next step's groups repeat the same
     keys. (An optimizer's ``step.item()`` reads a counter no group made: no flush.)"""
     return op.name == "aten._local_scalar_dense" and any(
-        getattr(tensor, "_from_group", False) for tensor in scan.tensors
+        getattr(tensor, "from_group", False) for tensor in scan.tensors
     )

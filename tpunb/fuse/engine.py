@@ -231,14 +231,14 @@ class FusionEngine:
 
     def materialize(self, wrapper: DeferredTensor, reason: str) -> torch.Tensor:
         check_not_failed(wrapper)
-        if wrapper._pending is not None or (
-            wrapper._value is not None
+        if wrapper.pending is not None or (
+            wrapper.value is not None
             and self.trace.dirty_storages
-            and wrapper._value.untyped_storage().data_ptr() in self.trace.dirty_storages
+            and wrapper.value.untyped_storage().data_ptr() in self.trace.dirty_storages
         ):
             self.flush(reason, wait=True)
         check_not_failed(wrapper)
-        return wrapper._value
+        return wrapper.value
 
     def flush(self, reason: str, wait: bool = False, warming: bool = False) -> None:
         """Run everything recorded so far as one group; ``wait``: because the host needs

@@ -17,7 +17,7 @@ class FusedOpError(RuntimeError):
 
 
 def check_not_failed(wrapper: DeferredTensor) -> None:
-    error = wrapper._error
+    error = wrapper.error
     if error is not None:
         detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
         raise FusedOpError(f"this tensor's value was lost when its group failed ({detail})") from error

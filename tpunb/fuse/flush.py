@@ -204,10 +204,10 @@ def pending_results(trace: Trace) -> PendingResults:
     results = PendingResults([], [], [])
     for ref in trace.touched:
         wrapper = ref()
-        if wrapper is None or wrapper._pending is None:
+        if wrapper is None or wrapper.pending is None:
             continue
-        if wrapper._pending[0] == "n":
-            results.outputs.append(wrapper._pending)
+        if wrapper.pending[0] == "n":
+            results.outputs.append(wrapper.pending)
             results.waiting.append(wrapper)
         else:
             results.written.append(wrapper)
@@ -266,10 +266,10 @@ def hand_out(results: PendingResults, values: list[torch.Tensor], settled: bool)
     """A group's results to the wrappers waiting for them; written inputs are real again. A
     tiny group's results are ``settled`` (settled.py): later groups treat them as plain."""
     for wrapper, value in zip(results.waiting, values, strict=True):
-        wrapper._value, wrapper._pending = as_recorded(wrapper, value), None
-        wrapper._from_group = not settled
+        wrapper.value, wrapper.pending = as_recorded(wrapper, value), None
+        wrapper.from_group = not settled
     for wrapper in results.written:
-        wrapper._pending = None
+        wrapper.pending = None
 
 
 def abandon(trace: Trace, error: BaseException) -> None:
@@ -277,11 +277,11 @@ def abandon(trace: Trace, error: BaseException) -> None:
     one raises it), and inputs it would have written keep what they hold."""
     for ref in trace.touched:
         wrapper = ref()
-        if wrapper is None or wrapper._pending is None:
+        if wrapper is None or wrapper.pending is None:
             continue
-        if wrapper._pending[0] == "n":
-            wrapper._error = error
-        wrapper._pending = None
+        if wrapper.pending[0] == "n":
+            wrapper.error = error
+        wrapper.pending = None
 
 
 def group_record(

@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from tpunb.fuse.disk_cache import rebuild_torn_binaries
-from tpunb.fuse.random_fill import FILLS, is_fresh_fill, random_fill
+from tpunb.fuse.random_fill import FILLS, RANDOM_FILL, is_fresh_fill
 from tpunb.fuse.trace import OpRecord, Ref
 
 aten = torch.ops.aten
@@ -307,7 +307,7 @@ class GraphBuilder:
             and is_fresh_fill(op.func, op.kwargs, ops[buffer[1]].func)
         ):
             params = [float(a) for a in args[1:]]
-            fill = _call(self.graph, random_fill._opoverload, args[0], FILLS[op.func], params, self.last_fill)
+            fill = _call(self.graph, RANDOM_FILL, args[0], FILLS[op.func], params, self.last_fill)
             self.last_fill = self.env[buffer[1]] = fill  # the buffer, from here on, is the filled one
             self.env.append(fill)
             return

@@ -65,6 +65,10 @@ def _(buffer: Tensor, fill: str, params: list[float], after: Tensor | None) -> T
     return torch.empty_like(buffer)
 
 
+#: The op a graph calls (an FX node's target).
+RANDOM_FILL = torch.ops.tpunb.random_fill.default
+
+
 def is_fresh_fill(func: Any, kwargs: dict[str, Any], target_producer: Any) -> bool:
     """Whether an op fills (in place, randomly, with the default generator) a buffer that
     ``target_producer`` just allocated."""

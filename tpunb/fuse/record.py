@@ -93,7 +93,7 @@ class _Matching:
     def fits(self, value: Any, pattern: Any) -> bool:
         kind = type(pattern)
         if kind is Pending:
-            return type(value) is DeferredTensor and value._pending == pattern.ref
+            return type(value) is DeferredTensor and value.pending == pattern.ref
         if kind is RealInput:
             return self._fits_input(value, pattern)
         if kind is Float:
@@ -113,11 +113,11 @@ class _Matching:
 
     def _fits_input(self, value: Any, pattern: RealInput) -> bool:
         if type(value) is DeferredTensor:
-            if not pattern.wrapped or value._value is None:
+            if not pattern.wrapped or value.value is None:
                 return False
-            if value._pending is not None:  # an input this trace already writes
-                return value._pending == pattern.ref
-            real, meta = value._value, value._meta
+            if value.pending is not None:  # an input this trace already writes
+                return value.pending == pattern.ref
+            real, meta = value.value, value.meta
         else:
             if pattern.wrapped or not isinstance(value, torch.Tensor) or value.is_conj() or value.is_neg():
                 return False  # a conjugate/negative view runs eagerly (scan.py), never as a step
@@ -188,7 +188,7 @@ class Step:
         try:
             for value, pattern in zip(args, self.args, strict=True):
                 if type(pattern) is Pending:  # the usual case, checked here without a call
-                    if type(value) is not DeferredTensor or value._pending != pattern.ref:
+                    if type(value) is not DeferredTensor or value.pending != pattern.ref:
                         return None
                     continue
                 if matching is None:
@@ -366,10 +366,10 @@ class Recorder:
 
     def _mark_written(self, wrapper: DeferredTensor) -> None:
         trace = self.engine.trace
-        if wrapper._pending is None:  # a materialized input now has pending writes
-            wrapper._pending = trace.input_ref(wrapper._value, True)
+        if wrapper.pending is None:  # a materialized input now has pending writes
+            wrapper.pending = trace.input_ref(wrapper.value, True)
             trace.touched.append(weakref.ref(wrapper))
-        trace.mark_written(wrapper._pending)
+        trace.mark_written(wrapper.pending)
 
     def _results(self, op, args, kwargs, outputs, index, multi, device) -> Any:
         if outputs is None:

@@ -35,8 +35,8 @@ class ArgumentScan:
         if isinstance(value, torch.Tensor):
             if isinstance(value, DeferredTensor):
                 self.wrapped = True
-                meta = value._meta
-                if value._pending is not None or value._error is not None:
+                meta = value.meta
+                if value.pending is not None or value.error is not None:
                     self.pending = True
             elif value.layout != torch.strided or value.is_nested or value.is_conj() or value.is_neg():
                 # conj/neg bits are not in a TensorMeta (nor in a group's key), and compiled code
@@ -94,7 +94,7 @@ class ArgumentScan:
             for target in tensor_leaves(written_argument(args, kwargs, where), plain=True):
                 written.add(id(target))
         for tensor in self.tensors:
-            value = tensor._value if isinstance(tensor, DeferredTensor) else tensor
+            value = tensor.value if isinstance(tensor, DeferredTensor) else tensor
             storage = value.untyped_storage().data_ptr()
             if storage in trace.dirty_storages or (id(tensor) in written and trace.reads_storage(storage)):
                 return True
@@ -135,14 +135,14 @@ class ArgumentEncoder:
     def _tensor_ref(self, value: torch.Tensor) -> tuple:
         if isinstance(value, DeferredTensor):
             check_not_failed(value)
-            return value._pending if value._pending is not None else self.trace.input_ref(value._value, True)
+            return value.pending if value.pending is not None else self.trace.input_ref(value.value, True)
         return self.trace.input_ref(value)
 
 
 def real_values(value: Any) -> Any:
     if isinstance(value, DeferredTensor):
         check_not_failed(value)
-        return value._value
+        return value.value
     if isinstance(value, (list, tuple)):
         return type(value)(real_values(v) for v in value)
     return value

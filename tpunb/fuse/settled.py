@@ -75,12 +75,12 @@ def settled_arguments(args: tuple, kwargs: dict[str, Any], dirty: set[int]) -> i
 
 def _settled(tensor: torch.Tensor, dirty: set[int]) -> int:
     if type(tensor) is DeferredTensor:
-        value = tensor._value
+        value = tensor.value
         settled = (
-            tensor._pending is None
+            tensor.pending is None
             and value is not None
-            and not tensor._adopted
-            and not tensor._from_group
+            and not tensor.adopted
+            and not tensor.from_group
             and value.numel() <= SMALL_NUMEL
             and not (dirty and value.untyped_storage().data_ptr() in dirty)
         )
@@ -133,9 +133,9 @@ def settled_read(tensor: Any, dirty: set[int]) -> torch.Tensor | None:
     path would decide the same (bookkeeping, no flush), in a tenth of the time. None otherwise."""
     kind = type(tensor)
     if kind is DeferredTensor:
-        if tensor._pending is not None or tensor._from_group:
+        if tensor.pending is not None or tensor.from_group:
             return None
-        value = tensor._value
+        value = tensor.value
     elif kind is torch.Tensor and tensor.layout is torch.strided and not tensor.is_nested:
         value = tensor
     else:

@@ -36,7 +36,7 @@ def restride(wrapper: DeferredTensor, meta: TensorMeta) -> None:
     The wrapper has no data, so this only rewrites its TensorImpl: ATen's own metadata
     kernels, reached by skipping the Python dispatch keys.
     """
-    if meta == wrapper._meta:
+    if meta == wrapper.meta:
         return
     shape, stride, offset, _ = meta
     extent = offset + sum((n - 1) * st for n, st in zip(shape, stride, strict=True) if n > 0) + 1
@@ -45,14 +45,14 @@ def restride(wrapper: DeferredTensor, meta: TensorMeta) -> None:
         if extent > capacity:
             torch.ops.aten.resize_.default(wrapper, [extent])
         torch.ops.aten.as_strided_.default(wrapper, shape, stride, offset)
-    wrapper._meta = meta
+    wrapper.meta = meta
 
 
 def as_recorded(wrapper: DeferredTensor, value: torch.Tensor) -> torch.Tensor:
     """The value with the strides its wrapper promised. A few CPU kernels lay out results
     differently from their meta kernels; later ops were shape-checked against the promise.
     (Where even the shape differs, e.g. batch norm's unused statistics, the wrapper follows.)"""
-    shape, stride, _, _ = wrapper._meta
+    shape, stride, _, _ = wrapper.meta
     if tuple(value.shape) != shape:
         restride(wrapper, tensor_meta(value))
         return value
