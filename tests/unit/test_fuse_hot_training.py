@@ -25,7 +25,8 @@ from torch.utils.checkpoint import checkpoint
 
 from tpunb.events import EventBus
 from tpunb.fuse import FuseOptions, FusionEngine
-from tpunb.fuse.hotcalls import HOT_AFTER, HotCall
+from tpunb.fuse.hotcalls import HotCall
+from tpunb.fuse.plan import HOT_AFTER
 
 STEPS = HOT_AFTER + 4
 SYNC = FuseOptions(sync_compile=True, hot_training=True)

@@ -18,7 +18,8 @@ from torch._dynamo.utils import counters
 from benchmarks.generate import build, generate_call
 from tpunb.events import OPTIMIZER_STEP_SUFFIX, EventBus, GroupStatus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
-from tpunb.fuse.hotcalls import HOT_AFTER, HotCall
+from tpunb.fuse.hotcalls import HotCall
+from tpunb.fuse.plan import HOT_AFTER
 from tpunb.fuse.worker import COMPILER_BUSY
 
 BACKGROUND = FuseOptions()  # as in a notebook: groups compile in the background, hot calls at once

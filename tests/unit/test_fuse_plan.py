@@ -1,4 +1,5 @@
-"""The plan stage's rules, as a table: when a fused group runs compiled, replays, or compiles."""
+"""The plan stage's rules, as tables: when a fused group runs compiled, replays, or compiles;
+when a module's calls and an optimizer's step are compiled whole."""
 
 from __future__ import annotations
 
@@ -7,7 +8,22 @@ import dataclasses
 import pytest
 
 from tpunb.fuse.cache import VariantState
-from tpunb.fuse.plan import HOT_SIGHTINGS, Action, GroupFacts, plan
+from tpunb.fuse.plan import (
+    HOT_AFTER,
+    HOT_SIGHTINGS,
+    HOT_STEPS_AFTER,
+    Action,
+    CallAction,
+    CallFacts,
+    GroupFacts,
+    Regime,
+    StepAction,
+    StepFacts,
+    plan,
+    plan_call,
+    plan_step,
+    runs_whole,
+)
 
 SEEN_AGAIN = GroupFacts(
     state=VariantState.SEEN,
@@ -50,6 +66,74 @@ def test_every_rule_of_when_a_group_compiles(group: GroupFacts, action: Action) 
     assert decision.action is action
     assert decision.compiles == (action in (Action.COMPILE_IN_BACKGROUND, Action.COMPILE_AND_WAIT))
     assert decision.reason  # every decision says why, in words
+
+
+TRAINING_CALL = CallFacts(
+    regime=Regime.TRAINING, compile=True, hot_training=True, calls=1, refused=False, compiled_elsewhere=False
+)
+
+
+def call(**changes) -> CallFacts:
+    return dataclasses.replace(TRAINING_CALL, **changes)
+
+
+@pytest.mark.parametrize(
+    ("facts", "action"),
+    [
+        (call(), CallAction.WARM),  # counted; its groups are not compiled
+        (call(calls=HOT_AFTER - 1), CallAction.WARM),
+        (call(calls=HOT_AFTER), CallAction.HOT_FROM_NEXT_STEP),  # its backward must finish first
+        (call(calls=HOT_AFTER, regime=Regime.INFERENCE), CallAction.HOT_FROM_NEXT_CALL),
+        (call(calls=HOT_AFTER, regime=Regime.INFERENCE, hot_training=False), CallAction.HOT_FROM_NEXT_CALL),
+        (call(calls=HOT_AFTER, hot_training=False), CallAction.RECORD),  # --no-hot-training
+        (call(calls=HOT_AFTER, regime=None), CallAction.RECORD),  # grad on in eval mode, say
+        (call(calls=HOT_AFTER, compile=False), CallAction.RECORD),
+        (call(calls=HOT_AFTER, refused=True), CallAction.RECORD),  # Dynamo failed on it
+        (call(calls=HOT_AFTER, compiled_elsewhere=True), CallAction.RECORD),  # nn.Module.compile
+    ],
+)
+def test_every_rule_of_when_a_module_call_is_compiled_whole(facts: CallFacts, action: CallAction) -> None:
+    assert plan_call(facts) is action
+
+
+@pytest.mark.parametrize(
+    ("regime", "in_scope", "compile", "hot_training", "whole"),
+    [
+        (Regime.TRAINING, True, True, True, True),
+        (Regime.INFERENCE, True, True, False, True),
+        (Regime.TRAINING, True, True, False, False),  # --no-hot-training: recorded
+        (None, True, True, True, False),
+        (Regime.INFERENCE, False, True, True, False),  # outside fused scopes: the module's own call
+        (Regime.INFERENCE, True, False, True, False),
+    ],
+)
+def test_when_a_hot_modules_call_runs_compiled(regime, in_scope, compile, hot_training, whole) -> None:
+    assert runs_whole(regime, in_scope, compile, hot_training) is whole
+
+
+EAGER_STEP = StepFacts(
+    compile=True, hot_training=True, steps=1, compiled_already=False, refused=False, traceable=True
+)
+
+
+def step(**changes) -> StepFacts:
+    return dataclasses.replace(EAGER_STEP, **changes)
+
+
+@pytest.mark.parametrize(
+    ("facts", "action"),
+    [
+        (step(), StepAction.COUNT),
+        (step(steps=HOT_STEPS_AFTER), StepAction.HOT_FROM_NEXT_STEP),
+        (step(steps=HOT_STEPS_AFTER, hot_training=False), StepAction.AS_IS),
+        (step(steps=HOT_STEPS_AFTER, compile=False), StepAction.AS_IS),
+        (step(steps=HOT_STEPS_AFTER, compiled_already=True), StepAction.AS_IS),
+        (step(steps=HOT_STEPS_AFTER, refused=True), StepAction.AS_IS),
+        (step(steps=HOT_STEPS_AFTER, traceable=False), StepAction.AS_IS),  # fused=True, differentiable
+    ],
+)
+def test_every_rule_of_when_an_optimizer_step_is_compiled_whole(facts: StepFacts, action: StepAction) -> None:
+    assert plan_step(facts) is action
 
 
 def test_a_group_records_the_plan_it_ran_by():

@@ -13,8 +13,9 @@ shape, flag or branch recompiles rather than replaying something else) and Induc
 compiles it, as ``torch.compile`` would.
 
 A module is *hot* on its ``HOT_AFTER``-th outermost call in fused scopes with grad mode off
-and the module in eval mode (inference), or with grad on in train mode (training, below).
-Every call with compiling off stays recorded, and so do the mixes (grad on in eval mode).
+and the module in eval mode (inference), or with grad on in train mode (training, below);
+the rule is plan.py's ``plan_call``. Every call with compiling off stays recorded, and so do
+the mixes (grad on in eval mode).
 From then on the module's
 ``_compiled_call_impl`` (where ``nn.Module.compile`` puts its compiled call) sends such
 calls through Dynamo, after flushing what is pending and handing it real tensors:
@@ -83,6 +84,7 @@ from tpunb.fuse.compile_later import CompileLater, CountedGraph, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.graph import inductor_compile
 from tpunb.fuse.hot_backward import backward_as_forward, next_node_number
+from tpunb.fuse.plan import CallAction, CallFacts, Regime, plan_call, runs_whole
 from tpunb.fuse.settled import mark
 from tpunb.fuse.worker import COMPILER_BUSY, compiling_only_if_free
 from tpunb.source import locate
@@ -90,8 +92,6 @@ from tpunb.source import locate
 if TYPE_CHECKING:
     from tpunb.fuse.engine import FusionEngine
 
-#: Outermost no-grad eval-mode calls in fused scopes after which a module is compiled whole.
-HOT_AFTER = 3
 ModuleCallback = Callable[[torch.nn.Module], None]
 #: A module's call count once Dynamo has failed on it: never eligible again.
 REFUSED = -1
@@ -178,14 +178,8 @@ class HotCalls:
         with self.engine.interrupts:
             self.engine.modes.resume()  # its ops are recorded (aside.py)
             self.engine.adoption.on_module_call(module)
-            if self._depth == 0 and self._eligible(module):
-                calls = self._calls.get(module, 0) + 1
-                self._calls[module] = calls
-                self.warming = self.engine.trace.warming = True
-                if calls >= HOT_AFTER and regime(module) == TRAINING:
-                    self._turning.add(module)  # at the next optimizer step: turn_hot
-                elif calls >= HOT_AFTER:
-                    module._compiled_call_impl = HotCall(self.engine, module)
+            if self._depth == 0:
+                self._plan_call(module)
             self._depth += 1
 
     def turn_hot(self) -> None:
@@ -217,29 +211,40 @@ class HotCalls:
         module._compiled_call_impl = None
         self._calls[module] = REFUSED
 
-    def _eligible(self, module: torch.nn.Module) -> bool:
-        now = regime(module)
-        return (
-            self.engine.options.compile
-            and (now == INFERENCE or (now == TRAINING and self.engine.options.hot_training))
-            and module._compiled_call_impl is None  # not compiled already (by us or nn.Module.compile)
-            and self._calls.get(module) != REFUSED
+    def _plan_call(self, module: torch.nn.Module) -> None:
+        """An outermost call: counted toward compiling its module whole, and the module made
+        hot when ``plan_call`` says so."""
+        counted = self._calls.get(module, 0)
+        options = self.engine.options
+        action = plan_call(
+            CallFacts(
+                regime=regime(module),
+                compile=options.compile,
+                hot_training=options.hot_training,
+                calls=counted + 1,
+                refused=counted == REFUSED,
+                compiled_elsewhere=module._compiled_call_impl is not None,  # by us, or nn.Module.compile
+            )
         )
+        if action is CallAction.RECORD:
+            return
+        self._calls[module] = counted + 1
+        self.warming = self.engine.trace.warming = True
+        if action is CallAction.HOT_FROM_NEXT_STEP:
+            self._turning.add(module)  # at the next optimizer step: turn_hot
+        elif action is CallAction.HOT_FROM_NEXT_CALL:
+            module._compiled_call_impl = HotCall(self.engine, module)
 
 
-#: A hot call's two regimes: generation and evaluation, and a training step's forward.
-INFERENCE, TRAINING = "inference", "training"
-
-
-def regime(module: torch.nn.Module) -> str | None:
+def regime(module: torch.nn.Module) -> Regime | None:
     """Which hot regime a call of ``module`` is in now: no grad in eval mode (inference), grad
     in train mode (training); None for the mixes (a frozen-statistics fine-tune, say), which
     stay recorded."""
     grad = torch.is_grad_enabled()
     if not grad and not module.training:
-        return INFERENCE
+        return Regime.INFERENCE
     if grad and module.training:
-        return TRAINING
+        return Regime.TRAINING
     return None
 
 
@@ -263,28 +268,23 @@ class HotCall:
             return CountedGraph(inductor_or_eager(graph, examples), runs)
 
         self.compiled = {
-            INFERENCE: torch.compile(calling(module._call_impl), backend=inductor_counted),
+            Regime.INFERENCE: torch.compile(calling(module._call_impl), backend=inductor_counted),
             # static shapes: the worker compiles after Dynamo has installed its guards, so
             # the compile must not add shape guards of its own
-            TRAINING: torch.compile(calling(module._call_impl), backend=self.later, dynamic=False),
+            Regime.TRAINING: torch.compile(calling(module._call_impl), backend=self.later, dynamic=False),
         }
         self.tensors = [*module.parameters(), *module.buffers()]
-        self.called: set[str] = set()  # the regimes it has run compiled in
+        self.called: set[Regime] = set()  # the regimes it has run compiled in
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module_ref()  # alive: it is the module being called
         now = regime(module)
         options = self.engine.options
-        if (
-            now is None
-            or not in_fused_scope(self.engine)
-            or not options.compile
-            or (now == TRAINING and not options.hot_training)
-        ):
+        if not runs_whole(now, in_fused_scope(self.engine), options.compile, options.hot_training):
             return module._call_impl(*args, **kwargs)
         return self._run_compiled(module, args, kwargs, now)
 
-    def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: str) -> Any:
+    def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: Regime) -> Any:
         from torch._dynamo.utils import counters
 
         engine = self.engine
@@ -305,7 +305,7 @@ class HotCall:
             if uncompiled and not compiled and now not in self.called:
                 self._refused_at_first_call(module)
             self.called.add(now)
-        training = now == TRAINING
+        training = now is Regime.TRAINING
         publish_whole_call(
             engine,
             key=f"{self.name}-{'training' if training else 'whole'}",
@@ -340,7 +340,7 @@ class HotCall:
             return plain_values(engine, args, seen), plain_values(engine, kwargs, seen)
 
     def _call_through_dynamo(
-        self, module: torch.nn.Module, now: str, args: tuple, kwargs: dict[str, Any]
+        self, module: torch.nn.Module, now: Regime, args: tuple, kwargs: dict[str, Any]
     ) -> Any:
         """The compiled call. A user's error Dynamo met while tracing is raised again by the call
         as it is, at the user's line; a failure of Dynamo's own refuses the module (recorded

@@ -8,10 +8,11 @@ parameter for Adam, each a Python call, more than the compiled forward and backw
 the small models notebooks train. Compiled, the whole update is a few fused kernels.
 
 An optimizer is *hot* from its ``HOT_STEPS_AFTER``-th eager step over plain parameters in
-fused scopes: its ``step`` attribute (where ``torch.optim.lr_scheduler`` already puts its own
-wrapper) becomes a ``HotStep`` around the step it had. In a fused scope, called without a
-closure, a hot step runs that step through Dynamo, with the engine's hooks lifted (Dynamo would
-trace them), and everything inside it traced as it is: the scheduler's wrapper, the step's
+fused scopes (the rule is plan.py's ``plan_step``): its ``step`` attribute (where
+``torch.optim.lr_scheduler`` already puts its own wrapper) becomes a ``HotStep`` around the
+step it had. In a fused scope, called without a closure, a hot step runs that step through
+Dynamo, with the engine's hooks lifted (Dynamo would trace them), and everything inside it
+traced as it is: the scheduler's wrapper, the step's
 pre- and post-hooks, ``_init_group``. Elsewhere, with a closure (Lightning's, LBFGS's), or
 with pending values, it is the step it wrapped.
 
@@ -43,13 +44,11 @@ from tpunb.events import OPTIMIZER_STEP_SUFFIX
 from tpunb.fuse.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.hotcalls import calling, in_fused_scope, publish_whole_call
+from tpunb.fuse.plan import StepAction, StepFacts, plan_step
 from tpunb.fuse.worker import compiling_only_if_free
 
 if TYPE_CHECKING:
     from tpunb.fuse.engine import FusionEngine
-
-#: Eager steps over plain parameters in fused scopes after which an optimizer's step is compiled.
-HOT_STEPS_AFTER = 2
 
 
 class HotSteps:
@@ -63,12 +62,25 @@ class HotSteps:
 
     def on_plain_step(self, optimizer: torch.optim.Optimizer) -> None:
         """An eager step of ``optimizer`` over plain parameters in a fused scope is starting
-        (adopt.py's step pre-hook); from the ``HOT_STEPS_AFTER``-th, its next step is hot."""
-        if not self._eligible(optimizer):
+        (adopt.py's step pre-hook): counted, and its next step made hot when ``plan_step``
+        says so."""
+        options, steps = self.engine.options, self._steps.get(optimizer, 0) + 1
+        action = plan_step(
+            StepFacts(
+                compile=options.compile,
+                hot_training=options.hot_training,
+                steps=steps,
+                compiled_already=isinstance(optimizer.__dict__.get("step"), HotStep),
+                refused=optimizer in self._refused,
+                traceable=all(
+                    not g.get("differentiable") and not g.get("fused") for g in optimizer.param_groups
+                ),
+            )
+        )
+        if action is StepAction.AS_IS:
             return
-        steps = self._steps.get(optimizer, 0) + 1
         self._steps[optimizer] = steps
-        if steps >= HOT_STEPS_AFTER:
+        if action is StepAction.HOT_FROM_NEXT_STEP:
             optimizer.step = HotStep(self.engine, optimizer)  # type: ignore[method-assign]
 
     def refuse(self, optimizer: torch.optim.Optimizer, step: HotStep) -> None:
@@ -77,18 +89,6 @@ class HotSteps:
         if optimizer.__dict__.get("step") is step:
             optimizer.step = step.previous  # type: ignore[method-assign]
         self._refused.add(optimizer)
-
-    def _eligible(self, optimizer: torch.optim.Optimizer) -> bool:
-        """A stepped-again optimizer that is not compiled already, whose groups Dynamo traces
-        as PyTorch's recipe does: not differentiable, not the fused kernels."""
-        options = self.engine.options
-        return (
-            options.compile
-            and options.hot_training
-            and not isinstance(optimizer.__dict__.get("step"), HotStep)
-            and optimizer not in self._refused
-            and all(not g.get("differentiable") and not g.get("fused") for g in optimizer.param_groups)
-        )
 
 
 class HotStep:

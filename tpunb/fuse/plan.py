@@ -1,14 +1,18 @@
-"""When a fused group compiles: every rule in one pure function, ``plan``.
+"""When fused mode compiles: every rule, as pure functions over plain facts.
 
-A flushed group either runs compiled code the cache holds, or replays its recorded ops one by
-one, and may start a compile for next time (on the worker, or first and waited for with
-``--sync-compile``). Which one used to be spread over the engine, the cache, the settled-group
-test, the hot-call warm-up flag and the storm guard; here it is one decision over plain facts,
-so it is table-tested (tests/unit/test_fuse_plan.py) and its reason travels with the group's
-record (``FusionGroup.plan``, the monitor row's tooltip).
+* ``plan``: a flushed group either runs compiled code the cache holds, or replays its recorded
+  ops one by one, and may start a compile for next time (on the worker, or first and waited
+  for with ``--sync-compile``).
+* ``plan_call``: a module's outermost call in a fused scope is recorded, or counted toward
+  being compiled whole (hotcalls.py), and turns hot at its ``HOT_AFTER``-th call;
+  ``runs_whole`` says whether a hot module's call runs compiled now.
+* ``plan_step``: an optimizer's eager step over plain parameters counts toward its step being
+  compiled whole (hotsteps.py), from the ``HOT_STEPS_AFTER``-th on.
 
-Modules compiled whole (hotcalls.py, hotsteps.py) are decided per call, not per group: they
-are not flushed groups.
+These used to be spread over the engine, the cache, the settled-group test, the hot-call
+warm-up flag, the storm guard and the hot calls' and steps' own checks; here they are table-tested
+(tests/unit/test_fuse_plan.py), and a group's reason travels with its record
+(``FusionGroup.plan``, the monitor row's tooltip).
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from tpunb.fuse.cache import VariantState
 
 #: Sightings of one shape after which it compiles even during a recompile storm.
 HOT_SIGHTINGS = 3
+#: Outermost calls of a module in fused scopes (no grad in eval mode, or grad in train mode)
+#: after which it is compiled whole.
+HOT_AFTER = 3
+#: Eager steps over plain parameters in fused scopes after which an optimizer's step is compiled.
+HOT_STEPS_AFTER = 2
 
 
 class Action(StrEnum):
@@ -88,3 +97,88 @@ def plan(facts: GroupFacts) -> Decision:
     if facts.repeat:
         return Decision(compile_now, "seen again: compiles for its next run")
     return Decision(Action.REPLAY, "seen once: compiles if it comes back")
+
+
+class Regime(StrEnum):
+    """A hot call's two regimes: generation and evaluation, and a training step's forward."""
+
+    INFERENCE = "inference"  # no grad, in eval mode
+    TRAINING = "training"  # grad, in train mode
+
+
+class CallAction(StrEnum):
+    RECORD = "record"  # as any code: not a call that turns hot
+    WARM = "record, warming"  # counted; what it records is not compiled (it will not come back)
+    HOT_FROM_NEXT_CALL = "compiled whole from its next call"
+    HOT_FROM_NEXT_STEP = "compiled whole from the next optimizer step"  # its backward is done
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """What ``plan_call`` needs to know about one outermost module call in a fused scope."""
+
+    regime: Regime | None  # None: a mix (no grad in train mode, say), which stays recorded
+    compile: bool  # FuseOptions.compile
+    hot_training: bool  # FuseOptions.hot_training
+    calls: int  # its outermost calls in fused scopes so far, this one included
+    refused: bool  # Dynamo failed on it: recorded for good
+    compiled_elsewhere: bool  # its call is compiled already (by tpunb, or nn.Module.compile)
+
+
+def plan_call(facts: CallFacts) -> CallAction:
+    """How an outermost module call in a fused scope runs, and what it makes of the module.
+
+    A training call turns hot at the next optimizer step (or scope start), not at once: making
+    it hot releases its adopted parameters, which would poison the autograd graph of a call
+    recorded earlier in the same step."""
+    regime_counts = facts.regime is Regime.INFERENCE or (
+        facts.regime is Regime.TRAINING and facts.hot_training
+    )
+    if not facts.compile or not regime_counts or facts.compiled_elsewhere or facts.refused:
+        return CallAction.RECORD
+    if facts.calls < HOT_AFTER:
+        return CallAction.WARM
+    if facts.regime is Regime.TRAINING:
+        return CallAction.HOT_FROM_NEXT_STEP
+    return CallAction.HOT_FROM_NEXT_CALL
+
+
+def runs_whole(regime: Regime | None, in_fused_scope: bool, compile: bool, hot_training: bool) -> bool:
+    """Whether a hot module's call runs compiled whole now: in a fused scope, compiling, in one
+    of its regimes (training only with hot training on); otherwise it is the module's own call."""
+    if regime is None or not in_fused_scope or not compile:
+        return False
+    return regime is Regime.INFERENCE or hot_training
+
+
+class StepAction(StrEnum):
+    AS_IS = "eager, not counted"  # not a step that is compiled whole
+    COUNT = "eager, counted toward compiling its step"
+    HOT_FROM_NEXT_STEP = "compiled whole from its next step"
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What ``plan_step`` needs to know about an optimizer's eager step over plain parameters
+    (a hot module's) in a fused scope."""
+
+    compile: bool  # FuseOptions.compile
+    hot_training: bool  # FuseOptions.hot_training
+    steps: int  # its counted eager steps so far, this one included
+    compiled_already: bool  # its step is a hot step
+    refused: bool  # Dynamo failed on it, or ran it uncompiled: eager for good
+    traceable: bool  # its groups are neither differentiable nor PyTorch's fused kernels
+
+
+def plan_step(facts: StepFacts) -> StepAction:
+    """Whether the step counts toward compiling the optimizer's step whole (PyTorch's
+    compiled-optimizer recipe), and whether its next step is: from the ``HOT_STEPS_AFTER``-th."""
+    if not (
+        facts.compile
+        and facts.hot_training
+        and facts.traceable
+        and not facts.compiled_already
+        and not facts.refused
+    ):
+        return StepAction.AS_IS
+    return StepAction.HOT_FROM_NEXT_STEP if facts.steps >= HOT_STEPS_AFTER else StepAction.COUNT
