@@ -85,13 +85,24 @@ def logits_of(model, inputs, engine: FusionEngine | None) -> torch.Tensor:
     return logits.materialized() if isinstance(logits, DeferredTensor) else logits
 
 
+def adamw(parameters) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(parameters, lr=1e-3)
+
+
+def sgd(parameters) -> torch.optim.Optimizer:
+    """For the backward compiled whole: Inductor sums a gradient in another order than eager,
+    and AdamW turns an element's near-zero gradient into a learning-rate-sized step either way
+    (seen: a DistilBERT layer norm bias, 6 steps); SGD moves it by the gradient's size."""
+    return torch.optim.SGD(parameters, lr=1e-2, momentum=0.9)
+
+
 def check_equal(
-    name: str, options: FuseOptions, steps: int = STEPS, bus: EventBus | None = None
+    name: str, options: FuseOptions, steps: int = STEPS, bus: EventBus | None = None, optimizer=adamw
 ) -> FusionEngine:
     strict_model, inputs = build(name, "tiny")
     fused_model = copy.deepcopy(strict_model)
-    strict_opt = torch.optim.AdamW(strict_model.parameters(), lr=1e-3)
-    fused_opt = torch.optim.AdamW(fused_model.parameters(), lr=1e-3)
+    strict_opt = optimizer(strict_model.parameters())
+    fused_opt = optimizer(fused_model.parameters())
     expected = train(strict_model, strict_opt, inputs, None, options, steps)
     engine = FusionEngine(torch.device("cpu"), bus.publish if bus is not None else None)
     got = train(fused_model, fused_opt, inputs, engine, options, steps)
@@ -113,7 +124,7 @@ def check_equal(
 @pytest.mark.parametrize("name", COMPILED_WHOLE)
 def test_training_compiled_whole_equals_strict(name):
     bus = EventBus()
-    check_equal(name, WHOLE, WHOLE_STEPS, bus)
+    check_equal(name, WHOLE, WHOLE_STEPS, bus, optimizer=sgd)
     rows = [g for g in bus.recent("group") if g.key.endswith(("-training", "-step"))]
     calls = {g.key.rsplit("-", 1)[1]: g for g in rows}
     assert set(calls) == {"training", "step"}, [g.key for g in rows]

@@ -50,7 +50,7 @@ from tpunb.fuse.eager import EagerOps
 from tpunb.fuse.errors import check_not_failed
 from tpunb.fuse.flush import FlushRequest, GroupFlush, abandon
 from tpunb.fuse.growing import GrowingInputs
-from tpunb.fuse.hotcalls import HotCalls
+from tpunb.fuse.hotcalls import HotCalls, left_to_adopt
 from tpunb.fuse.hotsteps import HotSteps
 from tpunb.fuse.interrupts import InterruptGuard
 from tpunb.fuse.meta import MetaCache, NotDeferrable
@@ -116,7 +116,7 @@ class FusionEngine:
         with self.interrupts.installed():
             try:
                 self.hot.turn_hot()
-                self.adopt(*adopt)
+                self.adopt(*left_to_adopt(adopt))
                 with (
                     self.adoption.active(),
                     self.hot.hooks.installed(),
