@@ -49,8 +49,9 @@ def make_training():
     return model, opt, step
 
 
-def engine_lines(action, signal_at: int | None = None) -> int:
-    """Run ``action`` counting the lines the engine executes; at line ``signal_at`` raise SIGINT."""
+def engine_lines(action, signal_at: int | None = None, raised: list[int] | None = None) -> int:
+    """Run ``action`` counting the lines the engine executes; at line ``signal_at`` raise SIGINT
+    (and note it in ``raised``: a step after an interrupted one may run fewer lines)."""
     count = 0
 
     def local(frame, event, arg):
@@ -58,6 +59,8 @@ def engine_lines(action, signal_at: int | None = None) -> int:
         if event == "line":
             count += 1
             if count == signal_at:
+                if raised is not None:
+                    raised.append(signal_at)
                 signal.raise_signal(signal.SIGINT)
         return local
 
@@ -88,10 +91,10 @@ def test_an_interrupt_anywhere_in_a_step_leaves_the_engine_consistent():
     # not the scope's last line (its own `with` exit, after the engine's work): a SIGINT this
     # test's line tracer raises there reaches Python after the traced block, and was seen lost
     # once; the engine's state is not at stake there
-    samples = range(1, total - 2, total // 150)
+    samples, raised = range(1, total - 2, total // 150), []
     for signal_at in samples:
         try:
-            engine_lines(fused_step, signal_at)
+            engine_lines(fused_step, signal_at, raised)
         except KeyboardInterrupt:
             interrupted += 1
         twin = copy.deepcopy(model)
@@ -103,7 +106,7 @@ def test_an_interrupt_anywhere_in_a_step_leaves_the_engine_consistent():
         assert got == pytest.approx(expected, rel=1e-5), f"SIGINT at engine line {signal_at}"
         for ours, theirs in zip(model.parameters(), twin.parameters(), strict=True):
             torch.testing.assert_close(ours, theirs, msg=f"SIGINT at engine line {signal_at}")
-    assert interrupted == len(samples)  # none was swallowed
+    assert interrupted == len(raised) >= len(samples) - 2  # none was swallowed
 
 
 def test_an_interrupt_in_user_code_inside_a_fused_scope_is_immediate():
