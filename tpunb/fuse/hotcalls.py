@@ -261,12 +261,11 @@ def left_to_adopt(objects: tuple[Any, ...]) -> tuple[Any, ...]:
     for obj in objects:
         if any(obj is module for module in hot):
             continue
-        tensors = list(tensors_of((obj,)))
         if isinstance(obj, torch.optim.Optimizer):
             if not all(id(p) in plain for group in obj.param_groups for p in group["params"]):
                 left.append(obj)
-        elif isinstance(obj, torch.nn.Module) and any(id(t) in plain for t in tensors):
-            left.extend(t for t in tensors if id(t) not in plain)  # its own tensors, as tensors
+        elif isinstance(obj, torch.nn.Module) and any(id(t) in plain for t in tensors_of((obj,))):
+            left.extend(t for t in tensors_of((obj,)) if id(t) not in plain)  # its own, as tensors
         else:
             left.append(obj)
     return tuple(left)

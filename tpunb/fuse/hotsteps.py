@@ -12,9 +12,9 @@ fused scopes (the rule is plan.py's ``plan_step``): its ``step`` attribute (wher
 ``torch.optim.lr_scheduler`` already puts its own wrapper) becomes a ``HotStep`` around the
 step it had. In a fused scope, called without a closure, a hot step runs that step through
 Dynamo, with the engine's hooks lifted (Dynamo would trace them), and everything inside it
-traced as it is: the scheduler's wrapper, the step's
-pre- and post-hooks, ``_init_group``. Elsewhere, with a closure (Lightning's, LBFGS's), or
-with pending values, it is the step it wrapped.
+traced as it is: the scheduler's wrapper, the step's pre- and post-hooks, ``_init_group``.
+Elsewhere, with a closure (Lightning's, LBFGS's), or with pending values, it is the step it
+wrapped.
 
 The hyperparameters a schedule or the user changes every step (``lr``, ``betas``,
 ``weight_decay`` as Python floats in the param groups) become graph inputs: Dynamo specialises
