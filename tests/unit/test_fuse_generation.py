@@ -76,7 +76,7 @@ def trace_reading(shape: tuple, wrapped: bool = True) -> Trace:
 
     trace = Trace()
     ref = trace.input_ref(torch.zeros(shape), wrapped)
-    trace.ops.append(OpRecord(torch.ops.aten.cat.default, ([ref],), {}, False, None, 7, (), None))
+    trace.ops.append(OpRecord(torch.ops.aten.cat.default, ((ref,),), {}, False, None, 7, (), None))
     return trace
 
 

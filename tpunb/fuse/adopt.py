@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from tpunb.fuse.deferred import DeferredTensor
 
 if TYPE_CHECKING:
-    from tpunb.fuse.engine import FusionEngine
+    from tpunb.fuse.ports import HotPathEngine
 
 
 def tensors_of(objects: tuple[Any, ...]) -> Iterator[torch.Tensor]:
@@ -37,7 +37,7 @@ def tensors_of(objects: tuple[Any, ...]) -> Iterator[torch.Tensor]:
             yield obj
 
 
-def adoptable(tensor: torch.Tensor, engine: FusionEngine) -> bool:
+def adoptable(tensor: torch.Tensor, engine: HotPathEngine) -> bool:
     """A plain leaf tensor on the engine's device (not adopted yet), and no conjugate or
     negative view (a wrapper cannot carry the bit)."""
     return (
@@ -49,7 +49,7 @@ def adoptable(tensor: torch.Tensor, engine: FusionEngine) -> bool:
     )
 
 
-def adopt_tensor(tensor: torch.Tensor, engine: FusionEngine) -> int:
+def adopt_tensor(tensor: torch.Tensor, engine: HotPathEngine) -> int:
     """Swap ``tensor``'s contents for a materialized DeferredTensor (same Python object).
 
     Returns 1 when adopted, 0 when it stays as it is: already adopted, another device, not a
@@ -110,7 +110,7 @@ def swap_in_place(tensor: torch.Tensor, other: torch.Tensor) -> bool:
 class Adoption:
     """What one engine adopted, and adopting more while its fused scopes run."""
 
-    def __init__(self, engine: FusionEngine) -> None:
+    def __init__(self, engine: HotPathEngine) -> None:
         self.engine = engine
         self.modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()

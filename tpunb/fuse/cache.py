@@ -46,19 +46,39 @@ class VariantState(enum.Enum):
     FAILED = "failed"  # the compile failed (or compiling is off): replays from now on
 
 
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """A compile's outcome. The worker publishes it in one assignment (``Variant.done``) while
+    the notebook thread reads, so a reader sees all of it or none of it, never code without
+    its state or a state without its code."""
+
+    fn: Callable[..., list[torch.Tensor]] | None  # None: it failed, or compiling is off
+    error: str | None = None
+    compile_ms: float = 0.0
+    code: str | None = None  # the compiled FX graph's Python code, for the monitor
+
+
+#: The outcome of a variant that will never compile: compiling is off.
+NOT_COMPILED = Compiled(fn=None, error="compilation off")
+
+
 @dataclass
 class Variant:
     """One compiled (or compiling, or failed) graph for a skeleton and float values."""
 
     lifted: dict[int, tuple[int, torch.dtype]]  # float slot -> (index in scalars, dtype)
-    state: VariantState = VariantState.SEEN
     sightings: int = 0
-    fn: Callable[..., list[torch.Tensor]] | None = None
+    queued: bool = False  # handed to the compiler (the notebook thread's write)
+    done: Compiled | None = None  # what the compile gave (the compiler's one write)
     future: Future | None = None  # the queued compile (cancelled when superseded)
-    compile_ms: float | None = None
     replay_ms: float | None = None  # its ops run one by one (a first sighting): strict's cost
-    error: str | None = None
-    code: str | None = None  # the FX graph's Python code, for the monitor
+
+    @property
+    def state(self) -> VariantState:
+        done = self.done
+        if done is not None:
+            return VariantState.READY if done.fn is not None else VariantState.FAILED
+        return VariantState.COMPILING if self.queued else VariantState.SEEN
 
 
 @dataclass
@@ -78,7 +98,8 @@ class CacheCounters:
     compile_ms: float = 0.0
 
 
-CompileJob = Callable[[], Callable[..., list[torch.Tensor]]]
+#: A compile: the compiled function, and the code of the graph it compiled (None if none).
+CompileJob = Callable[[], tuple[Callable[..., list[torch.Tensor]], str | None]]
 CompileDone = Callable[[str, Variant], None]
 
 
@@ -156,36 +177,35 @@ class GraphCache:
     def compile(self, name: str, variant: Variant, job: CompileJob, wait: bool) -> None:
         """Run ``job`` (build + compile) on the worker thread; with ``wait``, block for it."""
         self._named[name] = variant
-        variant.state = VariantState.COMPILING
+        variant.queued = True
         variant.future = self._worker.submit(lambda: self._run_job(name, variant, job), wait)
 
     def compile_here(self, name: str, variant: Variant, job: CompileJob) -> None:
         """Run ``job`` on the calling thread: for a compile that must finish before the call
         returns and is already inside Dynamo's compile (which holds the lock the worker takes)."""
         self._named[name] = variant
-        variant.state = VariantState.COMPILING
+        variant.queued = True
         self._run_job(name, variant, job)
 
     def _run_job(self, name: str, variant: Variant, job: CompileJob) -> None:
         started = time.perf_counter()
         try:
-            fn = job()
+            fn, code = job()
         except Exception as error:  # any compiler failure: replay this variant from now on
-            variant.error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            variant.state = VariantState.FAILED
-            with self._lock:
-                self.counters.failures += 1
-                self._warnings.append(
-                    f"tpunb fused: compiling group {name} failed ({variant.error}); it runs op by op"
-                )
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            done = Compiled(fn=None, error=reason, compile_ms=(time.perf_counter() - started) * 1000)
+            warning = f"tpunb fused: compiling group {name} failed ({reason}); it runs op by op"
         else:
-            variant.fn = fn
-            variant.state = VariantState.READY
-            with self._lock:
-                self.counters.compiles += 1
-        variant.compile_ms = (time.perf_counter() - started) * 1000
+            done = Compiled(fn=fn, compile_ms=(time.perf_counter() - started) * 1000, code=code)
+            warning = None
+        variant.done = done
         with self._lock:
-            self.counters.compile_ms += variant.compile_ms
+            self.counters.compile_ms += done.compile_ms
+            if warning is None:
+                self.counters.compiles += 1
+            else:
+                self.counters.failures += 1
+                self._warnings.append(warning)
         self._on_compiled(name, variant)
 
     def count(self, status: GroupStatus) -> None:
@@ -205,7 +225,8 @@ class GraphCache:
     def code(self, name: str) -> str | None:
         """The FX code of the group named ``name`` (the FusionGroup record's key), if compiled."""
         variant = self._named.get(name)
-        return variant.code if variant is not None else None
+        done = variant.done if variant is not None else None
+        return done.code if done is not None else None
 
     def count_whole_call(self, graphs: int, compile_ms: float, uncompiled: bool) -> None:
         """A hot module call (hotcalls.py): a miss that compiled ``graphs`` graphs, a miss that

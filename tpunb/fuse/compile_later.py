@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from tpunb.fuse.cache import GraphCache, Variant, VariantState
+from tpunb.fuse.cache import Compiled, GraphCache, Variant, VariantState
 from tpunb.fuse.disk_cache import rebuild_torn_binaries
 from tpunb.fuse.workarounds import skip_dynamo_in
 
@@ -93,6 +93,10 @@ class CompileLater:
         return any(c.variant.state is VariantState.COMPILING for c in self.made)
 
 
+#: What a released graph runs: nothing (its optimizer is gone).
+RELEASED = Compiled(fn=None, error="released: its optimizer is gone")
+
+
 class CountedGraph:
     """A compiled graph that counts its runs in ``runs``."""
 
@@ -128,7 +132,7 @@ class CompiledLater:
         grad = torch.is_grad_enabled()
         fakes = fakes_made_here(graph, examples, context)
 
-        def job() -> Callable[..., Any]:
+        def job() -> tuple[Callable[..., Any], str]:
             from torch._inductor import config
             from torch._inductor.compile_fx import compile_fx
 
@@ -139,9 +143,10 @@ class CompiledLater:
                 config.patch(fallback_random=True),
                 autograd_as_eager(),
             ):
+                code = graph.code  # (before Inductor rewrites it)
                 compiled = compile_fx(graph, examples)
             fakes.clear()
-            return compiled
+            return compiled, code
 
         if wait:  # inside Dynamo's compile, which holds the lock the worker would wait for
             cache.compile_here(name, self.variant, job)
@@ -150,9 +155,9 @@ class CompiledLater:
 
     def __call__(self, *args: Any) -> Any:
         self.runs.count += 1
-        variant = self.variant
-        if variant.state is VariantState.READY:
-            return variant.fn(*args)  # type: ignore[misc]
+        done = self.variant.done
+        if done is not None and done.fn is not None:
+            return done.fn(*args)
         if self.graph is None:
             raise RuntimeError(
                 "tpunb fused: a compiled step of an optimizer that no longer exists was called"
@@ -162,7 +167,7 @@ class CompiledLater:
     def release(self) -> None:
         """Drop the graph and the compiled code (``CompileLater.release``)."""
         self.graph = None
-        self.variant = Variant(lifted={}, state=VariantState.FAILED)
+        self.variant = Variant(lifted={}, done=RELEASED)
 
 
 def fakes_made_here(

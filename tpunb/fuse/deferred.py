@@ -23,14 +23,14 @@ from tpunb.fuse.ops import facts
 from tpunb.fuse.trace import Ref, TensorMeta, tensor_meta
 
 if TYPE_CHECKING:
-    from tpunb.fuse.engine import FusionEngine
+    from tpunb.fuse.ports import WrapperEngine
 
 
 class DeferredTensor(torch.Tensor):
     value: torch.Tensor | None
     pending: Ref | None
     meta: TensorMeta
-    engine: FusionEngine
+    engine: WrapperEngine
     error: BaseException | None
     from_group: bool = False  # its value was computed by a flushed group (not eagerly)
     adopted: bool = False  # a module's parameter or buffer, or optimizer state (adopt.py)
@@ -40,7 +40,7 @@ class DeferredTensor(torch.Tensor):
         cls,
         meta: TensorMeta,
         device: torch.device,
-        engine: FusionEngine,
+        engine: WrapperEngine,
         value: torch.Tensor | None = None,
         pending: Ref | None = None,
     ) -> DeferredTensor:
@@ -56,7 +56,7 @@ class DeferredTensor(torch.Tensor):
         super().__init__()
 
     @classmethod
-    def wrap(cls, value: torch.Tensor, engine: FusionEngine) -> DeferredTensor:
+    def wrap(cls, value: torch.Tensor, engine: WrapperEngine) -> DeferredTensor:
         """A materialized wrapper around a real tensor (shares its storage)."""
         return cls(tensor_meta(value), value.device, engine, value=value)
 

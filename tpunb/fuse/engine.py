@@ -43,7 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from tpunb.events import CompileDone
 from tpunb.fuse.adopt import Adoption
 from tpunb.fuse.aside import ModeStack
-from tpunb.fuse.cache import GraphCache, Variant, VariantState
+from tpunb.fuse.cache import GraphCache, Variant
 from tpunb.fuse.compile_later import donated_buffers_off
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.eager import EagerOps
@@ -263,17 +263,19 @@ class FusionEngine:
             self.groups += 1
 
     def _compiled(self, name: str, variant: Variant) -> None:
-        if self.publish is not None:
-            self.publish(
-                CompileDone(
-                    key=name,
-                    ok=variant.state is VariantState.READY,
-                    compile_ms=variant.compile_ms or 0.0,
-                    error=variant.error,
-                )
-            )
+        done = variant.done  # (published before the cache calls this)
+        if self.publish is not None and done is not None:
+            ok = done.fn is not None
+            self.publish(CompileDone(key=name, ok=ok, compile_ms=done.compile_ms, error=done.error))
+
+    def mark_warming(self) -> None:
+        """What is recorded from now on until the next flush belongs to a call of a module
+        that will be compiled whole: its group will not come back (plan.py), and is not compiled."""
+        self.trace.warming = True
 
     def stats(self) -> dict[str, Any]:
+        """Also read by the monitor's sampler thread: one read of the counters' dict (fixed
+        keys, copied in C) and one of the current trace's length, each atomic under the GIL."""
         return {
             **self.cache.snapshot(),
             "groups": self.groups,

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 from tpunb.debug import out_of_bounds
 from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.graph import ReplayError
 from tpunb.fuse.trace import OpRecord, Trace
 from tpunb.source import location_of
+
+
+class ReplayError(Exception):
+    """A recorded op failed when its group ran; ``index`` says which, ``args_given`` what it got."""
+
+    def __init__(self, index: int, error: BaseException, args: Sequence[Any] = ()) -> None:
+        super().__init__(str(error))
+        self.index, self.error, self.args_given = index, error, args
 
 
 class FusedOpError(RuntimeError):
@@ -35,17 +43,6 @@ def describe_failure(trace: Trace, failure: ReplayError) -> str:
     problem = found[0] if found is not None else failure.error
     where = op_location(op)
     return f"deferred op #{failure.index} {op.func.overloadpacket} failed: {problem}\n  recorded at {where}"
-
-
-def reads_input(op: OpRecord, index: int) -> bool:
-    target = ("i", index)
-
-    def walk(value: Any) -> bool:
-        if value == target:
-            return True
-        return type(value) is tuple and any(walk(v) for v in value)
-
-    return any(walk(a) for a in op.args) or any(walk(v) for v in op.kwargs.values())
 
 
 def warn_storm(trace: Trace, variants: int) -> None:

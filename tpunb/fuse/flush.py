@@ -6,7 +6,8 @@ results) and the scope's options; the stages below take and return plain values:
     key      the group's structural key and its variant in the cache (``KeyedGroup``)
     plan     plan.py's ``Decision``: run compiled code, replay op by op, compile for next time
     compile  a job for the worker (cache.py, worker.py) when the decision asks for one
-    run      the group's values: compiled code, or a replay of its ops (graph.py)
+    run      the group's values: compiled code, or its ops replayed one by one (``replay``:
+             a first sighting's path, and the fallback when compiled code fails)
     publish  the wrappers get their values; a ``FusionGroup`` record goes to the monitor
 
 A group that fails decides no values: the engine hands its trace to ``abandon``.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,9 @@ import torch
 
 from tpunb.events import FusionGroup, GroupStatus
 from tpunb.fuse.cache import (
+    NOT_COMPILED,
     STORM_VARIANTS,
+    CompileJob,
     GraphCache,
     GroupKey,
     Variant,
@@ -33,8 +36,8 @@ from tpunb.fuse.cache import (
     short_hash,
 )
 from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.errors import FusedOpError, describe_failure, op_location, reads_input, warn_storm
-from tpunb.fuse.graph import ReplayError, build_graph, inductor_compile, replay
+from tpunb.fuse.errors import FusedOpError, ReplayError, describe_failure, op_location, warn_storm
+from tpunb.fuse.graph import build_graph, inductor_compile
 from tpunb.fuse.growing import GrowingInputs
 from tpunb.fuse.ops import facts_by_id
 from tpunb.fuse.options import FuseOptions
@@ -42,7 +45,7 @@ from tpunb.fuse.plan import Action, Decision, GroupFacts, plan
 from tpunb.fuse.record import MAX_ENDS, KnownSequences
 from tpunb.fuse.rng import rng_as_recorded
 from tpunb.fuse.settled import tiny
-from tpunb.fuse.trace import Trace
+from tpunb.fuse.trace import Input, Node, OpRecord, Ref, Trace, decoder, resolve
 from tpunb.fuse.wrapper_meta import as_recorded
 from tpunb.source import SourceLocation
 from tpunb.value_reads import flush_reason
@@ -172,7 +175,7 @@ class GroupFlush:
         elif lifted:
             why = f"{len(lifted)} Python float(s) began to vary: now graph inputs"
         if not options.compile:
-            variant.state, variant.error = VariantState.FAILED, "compilation off"
+            variant.done = NOT_COMPILED
         self.cache.add(skeleton, key, variant)
         return variant, why
 
@@ -206,7 +209,7 @@ def pending_results(trace: Trace) -> PendingResults:
         wrapper = ref()
         if wrapper is None or wrapper.pending is None:
             continue
-        if wrapper.pending[0] == "n":
+        if type(wrapper.pending) is Node:
             results.outputs.append(wrapper.pending)
             results.waiting.append(wrapper)
         else:
@@ -218,7 +221,7 @@ def check_versions(trace: Trace) -> None:
     """A real input changed since it was recorded, behind the engine's back: refuse to run."""
     for index, (tensor, version) in enumerate(zip(trace.inputs, trace.input_versions, strict=True)):
         if tensor._version != version:
-            user = next((op for op in trace.ops if reads_input(op, index)), None)
+            user = next((op for op in trace.ops if op.reads(Input(index))), None)
             where = op_location(user) if user else "a recorded op"
             raise FusedOpError(
                 f"a tensor read by {where} was changed outside tpunb's view before the group ran "
@@ -226,7 +229,7 @@ def check_versions(trace: Trace) -> None:
             )
 
 
-def compile_job(trace: Trace, outputs: list, variant: Variant) -> Callable[[], Callable[..., Any]]:
+def compile_job(trace: Trace, outputs: list, variant: Variant) -> CompileJob:
     """The worker's job for this group: its graph, built from the recorded ops, compiled by
     Inductor. It holds detached inputs (the worker reads no tensor the notebook changes)."""
     slot_places = {s.place: i for i, s in enumerate(trace.float_slots)}
@@ -235,10 +238,9 @@ def compile_job(trace: Trace, outputs: list, variant: Variant) -> Callable[[], C
         examples.append(torch.zeros(len(variant.lifted), dtype=torch.float64, device=trace.device))
     ops, floats, lifted = trace.ops, list(trace.floats), dict(variant.lifted)
 
-    def job() -> Callable[..., Any]:
+    def job() -> tuple[Callable[..., Any], str]:
         graph = build_graph(ops, len(examples) - bool(lifted), floats, lifted, slot_places, outputs)
-        variant.code = graph.code
-        return inductor_compile(graph, examples)
+        return inductor_compile(graph, examples), graph.code
 
     return job
 
@@ -246,20 +248,70 @@ def compile_job(trace: Trace, outputs: list, variant: Variant) -> Callable[[], C
 def run_group(trace: Trace, outputs: list, variant: Variant) -> list[torch.Tensor]:
     """The group's values: its compiled code where the cache has it, else (or if the compiled
     code raised) a replay of its ops, which names the op that failed."""
-    if variant.state is VariantState.READY:
+    done = variant.done
+    if done is not None and done.fn is not None:
         args = list(trace.inputs)
         if variant.lifted:
             order = sorted(variant.lifted, key=lambda slot: variant.lifted[slot][0])
             scalars = [trace.floats[slot] for slot in order]
             args.append(torch.tensor(scalars, dtype=torch.float64, device=trace.device))
         try:
-            return list(variant.fn(*args))
+            return list(done.fn(*args))
         except Exception:  # find the culprit op by replaying (below)
             pass
     try:
         return replay(trace.ops, trace.inputs, trace.floats, outputs)
     except ReplayError as failure:
         raise FusedOpError(describe_failure(trace, failure)) from failure.error
+
+
+def replay(
+    ops: Sequence[OpRecord], inputs: Sequence[torch.Tensor], floats: Sequence[float], outputs: Sequence[Ref]
+) -> list[torch.Tensor]:
+    """Run the recorded ops eagerly, one by one; return the values of ``outputs``.
+
+    Each intermediate is dropped after its last use, as eager code drops it: holding all of
+    them would put every op on fresh memory (page faults) and make replay far slower than
+    strict mode.
+    """
+    env: list[Any] = [None] * len(ops)
+    lookup = decoder(inputs, floats, env, lambda ref, value: value[ref.out])
+    last_use = _last_uses(ops, outputs)
+    for index, op in enumerate(ops):
+        args = [resolve(a, lookup) for a in op.args]
+        kwargs = {k: resolve(v, lookup) for k, v in op.kwargs.items()}
+        try:
+            env[index] = op.func(*args, **kwargs)
+        except Exception as error:
+            raise ReplayError(index, error, args) from error
+        del args, kwargs
+        for done in last_use.get(index, ()):
+            env[done] = None
+    return [lookup(ref) for ref in outputs]
+
+
+def _last_uses(ops: Sequence[OpRecord], outputs: Sequence[Node]) -> dict[int, list[int]]:
+    """op index -> the earlier ops whose results are not needed after it (outputs are kept)."""
+    last: dict[int, int] = {index: index for index in range(len(ops))}
+
+    def mark(value: Any, user: int) -> None:
+        if type(value) is Node:
+            last[value.op] = user
+        elif type(value) is tuple:
+            for item in value:
+                mark(item, user)
+
+    for index, op in enumerate(ops):
+        for value in op.args:
+            mark(value, index)
+        for value in op.kwargs.values():
+            mark(value, index)
+    for ref in outputs:
+        last.pop(ref.op, None)
+    freed: dict[int, list[int]] = {}
+    for producer, user in last.items():
+        freed.setdefault(user, []).append(producer)
+    return freed
 
 
 def hand_out(results: PendingResults, values: list[torch.Tensor], settled: bool) -> None:
@@ -279,7 +331,7 @@ def abandon(trace: Trace, error: BaseException) -> None:
         wrapper = ref()
         if wrapper is None or wrapper.pending is None:
             continue
-        if wrapper.pending[0] == "n":
+        if type(wrapper.pending) is Node:
             wrapper.error = error
         wrapper.pending = None
 
@@ -297,6 +349,7 @@ def group_record(
     counts = Counter(op.key[0] for op in trace.ops)  # by op id: cheaper than names
     histogram = {facts_by_id(i).name.removeprefix("aten."): n for i, n in counts.most_common(5)}
     where, said, variant = request.where, flush_reason(request.reason), keyed.variant
+    done = variant.done if status == GroupStatus.MISS and options.sync_compile else None
     return FusionGroup(
         key=keyed.name,
         ops=len(trace.ops),
@@ -305,7 +358,7 @@ def group_record(
         trigger=f"{said} at {where.label}" if where else said,
         source=op_location(trace.ops[0]),
         status=status,
-        compile_ms=variant.compile_ms if status == GroupStatus.MISS and options.sync_compile else None,
+        compile_ms=done.compile_ms if done is not None else None,
         run_ms=(time.perf_counter() - started) * 1000,
         capture_ms=trace.capture_s * 1000,
         eager_ms=variant.replay_ms,

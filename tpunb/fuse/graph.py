@@ -1,11 +1,10 @@
-"""From a recorded group to a runnable one: eager replay, and an FX graph for Inductor.
+"""From a recorded group to a compiled one: an FX graph of its encoded ops (see trace.py),
+compiled by Inductor.
 
-Both read the same encoded ops (see trace.py). Replay is the first sighting's path and the
-fallback when a compile fails: it runs the recorded aten ops in order, so it is exactly
-what strict mode would have done. The FX graph is what gets compiled; Python floats that
-vary between flushes (Adam's bias corrections, LR schedules) are *lifted*: read from one
-float64 vector input and fed to the Tensor overload of their op, so one compiled graph
-serves every step.
+Python floats that vary between flushes (Adam's bias corrections, LR schedules) are
+*lifted*: read from one float64 vector input and fed to the Tensor overload of their op, so
+one compiled graph serves every step. (The group's other way to run, its ops replayed one by
+one, is the flush stage's: flush.py.)
 """
 
 from __future__ import annotations
@@ -19,107 +18,9 @@ import torch.fx as fx
 
 from tpunb.fuse.disk_cache import rebuild_torn_binaries
 from tpunb.fuse.random_fill import FILLS, RANDOM_FILL, is_fresh_fill
-from tpunb.fuse.trace import OpRecord, Ref
+from tpunb.fuse.trace import Node, OpRecord, Ref, decoder, resolve
 
 aten = torch.ops.aten
-
-# --- resolving encoded arguments ------------------------------------------------------------
-
-
-def is_ref(value: Any) -> bool:
-    return (
-        type(value) is tuple
-        and len(value) in (2, 3)
-        and value[0] in ("i", "n", "f")
-        and type(value[1]) is int
-    )
-
-
-def resolve(value: Any, lookup: Callable[[tuple], Any]) -> Any:
-    """Replace refs in an encoded argument (tuples stand for lists) with ``lookup(ref)``."""
-    if type(value) is tuple:
-        if is_ref(value):
-            return lookup(value)
-        return [resolve(v, lookup) for v in value]
-    return value
-
-
-def _lookup(
-    inputs: Sequence[Any], floats: Sequence[float], env: list[Any], item: Callable[[tuple, Any], Any]
-) -> Callable[[tuple], Any]:
-    """Resolve a ref against inputs, float slots and the ops done so far (``env``);
-    ``item(ref, value)`` picks output k of a multi-output op."""
-
-    def lookup(ref: tuple) -> Any:
-        kind = ref[0]
-        if kind == "i":
-            return inputs[ref[1]]
-        if kind == "f":
-            return floats[ref[1]]
-        value = env[ref[1]]
-        return item(ref, value) if len(ref) == 3 else value
-
-    return lookup
-
-
-class ReplayError(Exception):
-    """A recorded op failed when its group ran; ``index`` says which, ``args_given`` what it got."""
-
-    def __init__(self, index: int, error: BaseException, args: Sequence[Any] = ()) -> None:
-        super().__init__(str(error))
-        self.index, self.error, self.args_given = index, error, args
-
-
-def replay(
-    ops: Sequence[OpRecord], inputs: Sequence[torch.Tensor], floats: Sequence[float], outputs: Sequence[Ref]
-) -> list[torch.Tensor]:
-    """Run the recorded ops eagerly, one by one; return the values of ``outputs``.
-
-    Each intermediate is dropped after its last use, as eager code drops it: holding all of
-    them would put every op on fresh memory (page faults) and make replay far slower than
-    strict mode.
-    """
-    env: list[Any] = [None] * len(ops)
-    lookup = _lookup(inputs, floats, env, lambda ref, value: value[ref[2]])
-    last_use = _last_uses(ops, outputs)
-    for index, op in enumerate(ops):
-        args = [resolve(a, lookup) for a in op.args]
-        kwargs = {k: resolve(v, lookup) for k, v in op.kwargs.items()}
-        try:
-            env[index] = op.func(*args, **kwargs)
-        except Exception as error:
-            raise ReplayError(index, error, args) from error
-        del args, kwargs
-        for done in last_use.get(index, ()):
-            env[done] = None
-    return [lookup(ref) for ref in outputs]
-
-
-def _last_uses(ops: Sequence[OpRecord], outputs: Sequence[Ref]) -> dict[int, list[int]]:
-    """op index -> the earlier ops whose results are not needed after it (outputs are kept)."""
-    last: dict[int, int] = {index: index for index in range(len(ops))}
-
-    def mark(value: Any, user: int) -> None:
-        if type(value) is tuple:
-            if is_ref(value):
-                if value[0] == "n":
-                    last[value[1]] = user
-            else:
-                for item in value:
-                    mark(item, user)
-
-    for index, op in enumerate(ops):
-        for value in op.args:
-            mark(value, index)
-        for value in op.kwargs.values():
-            mark(value, index)
-    for ref in outputs:
-        last.pop(ref[1], None)
-    freed: dict[int, list[int]] = {}
-    for producer, user in last.items():
-        freed.setdefault(user, []).append(producer)
-    return freed
-
 
 # --- lifting varying floats -----------------------------------------------------------------
 
@@ -262,17 +163,17 @@ class GraphBuilder:
         inputs = [graph.placeholder(f"in{i}") for i in range(input_count)]
         self.scalars = graph.placeholder("scalars") if lifted else None
         self.env: list[fx.Node | list[fx.Node]] = []
-        self.items: dict[tuple[int, int], fx.Node] = {}
-        self.lookup = _lookup(inputs, floats, self.env, self.item)
+        self.items: dict[Node, fx.Node] = {}
+        self.lookup = decoder(inputs, floats, self.env, self.item)
         self.last_fill: fx.Node | None = None
 
-    def item(self, ref: tuple, node: fx.Node | list[fx.Node]) -> fx.Node:
-        """Output ``ref[2]`` of a multi-output op, picked once."""
+    def item(self, ref: Node, node: fx.Node | list[fx.Node]) -> fx.Node:
+        """Output ``ref.out`` of a multi-output op, picked once."""
         if type(node) is list:  # a foreach op written out per element
-            return node[ref[2]]
-        if ref[1:] not in self.items:
-            self.items[ref[1:]] = self.graph.call_function(operator.getitem, (node, ref[2]))
-        return self.items[ref[1:]]
+            return node[ref.out]
+        if ref not in self.items:
+            self.items[ref] = self.graph.call_function(operator.getitem, (node, ref.out))
+        return self.items[ref]
 
     def lifted_scalar(self, slot: int) -> fx.Node:
         position, dtype = self.lifted[slot]
@@ -300,11 +201,10 @@ class GraphBuilder:
         kwargs = {k: resolve(v, self.lookup) for k, v in op.kwargs.items()}
         buffer = op.args[0] if op.args else None
         if (
-            is_ref(buffer)
-            and buffer[0] == "n"
-            and len(buffer) == 2
+            type(buffer) is Node
+            and buffer.out is None
             and set(op.kwargs) <= {"generator"}
-            and is_fresh_fill(op.func, op.kwargs, ops[buffer[1]].func)
+            and is_fresh_fill(op.func, op.kwargs, ops[buffer.op].func)
         ):
             params = [float(a) for a in args[1:]]
             fill = _call(self.graph, RANDOM_FILL, args[0], FILLS[op.func], params, self.last_fill)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from types import CodeType
 from typing import Any
 
-from tpunb.fuse.trace import OpRecord, Trace
+from tpunb.fuse.trace import Input, OpRecord, Trace
 
 #: Steady growths in a row before an op location runs outside groups.
 GROWING_AFTER = 3
@@ -28,16 +28,9 @@ GROWING_AFTER = 3
 Location = tuple[Any, CodeType | None, int]  # (op overload, the user's code object, line)
 
 
-def _reads(value: Any, ref: tuple) -> bool:
-    if value == ref:
-        return True
-    return isinstance(value, (tuple, list)) and any(_reads(item, ref) for item in value)
-
-
 def readers(trace: Trace, index: int) -> list[OpRecord]:
     """The ops of ``trace`` that take input ``index`` as an argument."""
-    ref = ("i", index)
-    return [op for op in trace.ops if _reads(op.args, ref) or _reads(tuple(op.kwargs.values()), ref)]
+    return [op for op in trace.ops if op.reads(Input(index))]
 
 
 def steady_growth(old_shape: tuple, new_shape: tuple) -> tuple | None:

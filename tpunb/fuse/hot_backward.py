@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode
 from tpunb.fuse.deferred import DeferredTensor
 
 if TYPE_CHECKING:
-    from tpunb.fuse.engine import FusionEngine
+    from tpunb.fuse.ports import HotPathEngine
 
 #: The sequence number autograd gives leaves' AccumulateGrad nodes (never created by a call).
 LEAF_SEQUENCE = 2**64 - 1
@@ -40,7 +40,7 @@ def next_node_number() -> int:
     return torch._C._autograd._get_sequence_nr()
 
 
-def backward_as_forward(engine: FusionEngine, out: Any, first_node: int) -> None:
+def backward_as_forward(engine: HotPathEngine, out: Any, first_node: int) -> None:
     """Arrange that the backward of the call that returned ``out`` (its autograd nodes are
     numbered from ``first_node``) gets plain gradients and runs outside ``engine``'s mode."""
 

@@ -90,7 +90,7 @@ from tpunb.fuse.worker import COMPILER_BUSY, compiling_only_if_free
 from tpunb.source import locate
 
 if TYPE_CHECKING:
-    from tpunb.fuse.engine import FusionEngine
+    from tpunb.fuse.ports import HotPathEngine
 
 ModuleCallback = Callable[[torch.nn.Module], None]
 #: A module's call count once Dynamo has failed on it: never eligible again.
@@ -162,7 +162,7 @@ class ModuleCallHooks:
 class HotCalls:
     """Counts outermost module calls in fused scopes and makes the hot ones compiled calls."""
 
-    def __init__(self, engine: FusionEngine) -> None:
+    def __init__(self, engine: HotPathEngine) -> None:
         self.engine = engine
         self.hooks = ModuleCallHooks(self._before, self._after)
         self._depth = 0
@@ -181,6 +181,11 @@ class HotCalls:
             if self._depth == 0:
                 self._plan_call(module)
             self._depth += 1
+
+    @property
+    def in_call(self) -> bool:
+        """Whether an outermost module call of a fused scope is under way."""
+        return self._depth > 0
 
     def turn_hot(self) -> None:
         """Make the modules that became hot for training hot calls, now that no autograd graph
@@ -229,7 +234,8 @@ class HotCalls:
         if action is CallAction.RECORD:
             return
         self._calls[module] = counted + 1
-        self.warming = self.engine.trace.warming = True
+        self.warming = True
+        self.engine.mark_warming()
         if action is CallAction.HOT_FROM_NEXT_STEP:
             self._turning.add(module)  # at the next optimizer step: turn_hot
         elif action is CallAction.HOT_FROM_NEXT_CALL:
@@ -289,7 +295,7 @@ class HotCall:
     AOTAutograd and Inductor on the worker), the module's own call otherwise. Pickling a
     module drops it (``nn.Module.__getstate__``)."""
 
-    def __init__(self, engine: FusionEngine, module: torch.nn.Module) -> None:
+    def __init__(self, engine: HotPathEngine, module: torch.nn.Module) -> None:
         self.engine = engine
         self.module_ref = weakref.ref(module)
         self.name = type(module).__name__
@@ -353,7 +359,7 @@ class HotCall:
             code=getattr(self.compiled[now], "__wrapped__", None),
             compile_in_call=not training,
         )
-        if engine.hot._depth == 0 and not engine.trace.ops:
+        if not engine.hot.in_call and not engine.trace.ops:
             engine.modes.step_aside(engine)  # the loop around it runs as eager PyTorch: aside.py
         if training:
             backward_as_forward(engine, out, first_node)
@@ -410,7 +416,7 @@ class HotCall:
         )
 
 
-def in_fused_scope(engine: FusionEngine) -> bool:
+def in_fused_scope(engine: HotPathEngine) -> bool:
     """Whether ops issued now belong to ``engine``'s fused scope: its mode on top of the
     stack, or stepped aside between hot calls (aside.py)."""
     return getattr(_get_current_dispatch_mode(), "engine", None) is engine or engine.modes.stepped_aside
@@ -448,7 +454,7 @@ def why_compiled(compiled: int, code: Any) -> str:
 
 
 def publish_whole_call(
-    engine: FusionEngine,
+    engine: HotPathEngine,
     *,
     key: str,
     trigger: str,
@@ -535,7 +541,7 @@ def inductor_or_eager(graph: torch.fx.GraphModule, example_inputs: list[Any]) ->
         return graph.forward
 
 
-def plain_values(engine: FusionEngine, value: Any, seen: set[int], depth: int = 0) -> Any:
+def plain_values(engine: HotPathEngine, value: Any, seen: set[int], depth: int = 0) -> Any:
     """``value`` with tpunb's wrappers replaced by real tensors (the engine has flushed:
     their values are there, or their group's error is raised), containers rebuilt, and
     adopted tensors inside other objects (a cache's layers) released in place, so the

@@ -48,14 +48,14 @@ from tpunb.fuse.plan import StepAction, StepFacts, plan_step
 from tpunb.fuse.worker import compiling_only_if_free
 
 if TYPE_CHECKING:
-    from tpunb.fuse.engine import FusionEngine
+    from tpunb.fuse.ports import HotPathEngine
 
 
 class HotSteps:
     """Counts each optimizer's eager steps over plain parameters and makes the hot ones
     ``HotStep``s."""
 
-    def __init__(self, engine: FusionEngine) -> None:
+    def __init__(self, engine: HotPathEngine) -> None:
         self.engine = engine
         self._steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
         self._refused: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
@@ -96,7 +96,7 @@ class HotStep:
     elsewhere. An LR scheduler made after it wraps the optimizer's own step (``__func__``),
     and this one is installed again at a later step."""
 
-    def __init__(self, engine: FusionEngine, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, engine: HotPathEngine, optimizer: torch.optim.Optimizer) -> None:
         self.engine = engine
         self.optimizer_ref = weakref.ref(optimizer)
         self.previous = optimizer.step

@@ -29,15 +29,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tpunb.fuse.deferred import DeferredTensor, written_argument
-from tpunb.fuse.graph import is_ref
 from tpunb.fuse.ops import OpFacts, facts_by_id
 from tpunb.fuse.rng import default_generator
 from tpunb.fuse.scan import ArgumentEncoder, tensor_leaves
-from tpunb.fuse.trace import FloatSlot, OpRecord, Ref, Trace, group_input, tensor_meta
+from tpunb.fuse.trace import FloatSlot, Input, Node, OpRecord, Ref, Slot, Trace, group_input, tensor_meta
 from tpunb.fuse.wrapper_meta import INPLACE_VIEWS, restride
 
 if TYPE_CHECKING:
-    from tpunb.fuse.engine import FusionEngine
+    from tpunb.fuse.ports import RecorderEngine
 
 #: Different next ops kept after one step, and first ops of groups: bounds the cost of
 #: checking a step's successors when shapes keep changing. A full branch drops its oldest
@@ -135,7 +134,7 @@ class _Matching:
                 index = len(self.new_inputs)
                 self.new_inputs.append((real, pattern.wrapped))
             index += len(trace.inputs)
-        return index == pattern.ref[1]
+        return index == pattern.ref.index
 
 
 #: What following a step whose arguments are all pending results collects: nothing.
@@ -144,16 +143,16 @@ NOTHING_NEW = _Matching(Trace())
 
 def _pattern(encoded: Any, op: OpFacts, trace: Trace, floats: list[float]) -> Any:
     """The pattern of one encoded argument (see trace.py for the encoding)."""
+    if type(encoded) is Node:
+        return Pending(encoded)
+    if type(encoded) is Slot:
+        return Float(None if op.floats_keep_metadata else floats[encoded.index])
+    if type(encoded) is Input:
+        index = encoded.index
+        tensor, (shape, stride, offset, dtype, _) = trace.inputs[index], trace.input_metas[index]
+        offset = offset if any(op.view_returns) else None
+        return RealInput(encoded, shape, stride, offset, dtype, tensor.device, trace.input_wrapped[index])
     if type(encoded) is tuple:
-        if is_ref(encoded):
-            kind, index = encoded[0], encoded[1]
-            if kind == "n":
-                return Pending(encoded)
-            if kind == "f":
-                return Float(None if op.floats_keep_metadata else floats[index])
-            tensor, (shape, stride, offset, dtype, _) = trace.inputs[index], trace.input_metas[index]
-            offset = offset if any(op.view_returns) else None
-            return RealInput(encoded, shape, stride, offset, dtype, tensor.device, trace.input_wrapped[index])
         items = [_pattern(e, op, trace, floats) for e in encoded]
         if all(type(i) in (int, bool, str, type(None)) for i in items):
             return tuple(items)
@@ -259,7 +258,7 @@ NOT_FOLLOWED = object()
 class Recorder:
     """Appends ops to the engine's current trace, by the known path or the new one."""
 
-    def __init__(self, engine: FusionEngine, flush: Callable[[str], None]) -> None:
+    def __init__(self, engine: RecorderEngine, flush: Callable[[str], None]) -> None:
         self.engine = engine
         self.flush = flush
         self.known = KnownSequences()
@@ -355,7 +354,7 @@ class Recorder:
                 self._mark_written(target)
         outputs = record.outputs
         if not record.multi_output and outputs is not None and op.return_aliases[0] is None:
-            result = self._new_pending(outputs, device, ("n", index))  # the usual case
+            result = self._new_pending(outputs, device, Node(index))  # the usual case
         else:
             result = self._results(op, args, kwargs, outputs, index, record.multi_output, device)
         if op.name in INPLACE_VIEWS:
@@ -377,7 +376,7 @@ class Recorder:
         if not multi:
             if op.return_aliases and op.return_aliases[0] is not None:
                 return written_argument(args, kwargs, op.return_aliases[0])
-            return self._new_pending(outputs, device, ("n", index))
+            return self._new_pending(outputs, device, Node(index))
         aliases = op.return_aliases if len(op.return_aliases) == len(outputs) else ()
         results = []
         for k, meta in enumerate(outputs):
@@ -387,10 +386,10 @@ class Recorder:
             elif meta is None:
                 results.append(None)
             else:
-                results.append(self._new_pending(meta, device, ("n", index, k)))
+                results.append(self._new_pending(meta, device, Node(index, k)))
         return results if len(op.return_aliases) == 1 else tuple(results)
 
-    def _new_pending(self, meta: tuple, device: torch.device, ref: tuple) -> DeferredTensor:
+    def _new_pending(self, meta: tuple, device: torch.device, ref: Node) -> DeferredTensor:
         wrapper = DeferredTensor.__new__(DeferredTensor, meta, device, self.engine, pending=ref)
         self.engine.trace.touched.append(weakref.ref(wrapper))
         return wrapper

@@ -12,7 +12,7 @@ from tpunb.fuse.deferred import DeferredTensor, written_argument
 from tpunb.fuse.errors import check_not_failed
 from tpunb.fuse.graph import liftable
 from tpunb.fuse.ops import OpFacts
-from tpunb.fuse.trace import FloatSlot, Trace, tensor_meta
+from tpunb.fuse.trace import FloatSlot, Ref, Slot, Trace, tensor_meta
 
 
 class ArgumentScan:
@@ -108,7 +108,7 @@ class ArgumentEncoder:
 
     def __init__(self, trace: Trace, func: torch._ops.OpOverload, index: int) -> None:
         self.trace, self.func, self.index = trace, func, index
-        self.first_ref: tuple | None = None
+        self.first_ref: Ref | None = None
         self.first_dtype: torch.dtype | None = None
 
     def encode(self, value: Any, where: int | str, item: int | None = None, depth: int = 0) -> Any:
@@ -124,7 +124,7 @@ class ArgumentEncoder:
             trace.floats.append(value)
             can_lift = depth <= 1 and liftable(self.func, where, self._dtype_for_lift())
             trace.float_slots.append(FloatSlot(self.index, where, can_lift, self._dtype_for_lift(), item))
-            return ("f", slot)
+            return Slot(slot)
         if isinstance(value, (list, tuple)):
             return tuple(self.encode(v, where, k, depth + 1) for k, v in enumerate(value))
         return value

@@ -1,22 +1,118 @@
 """The recording: ops, their wired-up arguments, the real tensors they read, float slots.
 
 A Trace is plain data between two flushes. Arguments are stored *encoded*: tensors become
-references (``("i", k)`` for the k-th real input, ``("n", op)`` or ``("n", op, k)`` for an
-earlier op's output) and Python floats become slots (``("f", s)``) whose values live in
-``floats``. The encoded ops are at once the cache key's skeleton and the recipe that
-replays or compiles the group, so recording, keying and building never disagree.
+references (``Input(k)`` for the k-th real input, ``Node(op)`` or ``Node(op, k)`` for an
+earlier op's output), Python floats become slots (``Slot(s)``) whose values live in
+``floats``, and lists become tuples. The encoded ops are at once the cache key's skeleton and
+the recipe that replays or compiles the group, so recording, keying and building never
+disagree.
+
+A reference is a tagged tuple (``("i", k)``, ``("n", op[, k])``, ``("f", s)``) of its own
+type: code names its fields and tells the kinds apart by type, while a key holding thousands
+of them hashes and compares at tuple speed (in C), and its text, which the disk cache
+digests, is a tuple's.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any
 
 import torch
 
-Ref = tuple  # ("i", k) | ("n", op) | ("n", op, k)
+
+class Input(tuple):
+    """The ``index``-th real tensor the group reads."""
+
+    __slots__ = ()
+
+    def __new__(cls, index: int) -> Input:
+        return tuple.__new__(cls, ("i", index))
+
+    def __getnewargs__(self) -> tuple[int]:  # (copy and pickle make it again from its index)
+        return (self[1],)
+
+    @property
+    def index(self) -> int:
+        return self[1]
+
+
+class Node(tuple):
+    """The result of recorded op ``op``; output ``out`` of an op that returns several."""
+
+    __slots__ = ()
+
+    def __new__(cls, op: int, out: int | None = None) -> Node:
+        return tuple.__new__(cls, ("n", op) if out is None else ("n", op, out))
+
+    def __getnewargs__(self) -> tuple[int, ...]:
+        return self[1:]
+
+    @property
+    def op(self) -> int:
+        return self[1]
+
+    @property
+    def out(self) -> int | None:
+        return self[2] if len(self) == 3 else None
+
+
+class Slot(tuple):
+    """The ``index``-th Python float of the trace (``Trace.floats``)."""
+
+    __slots__ = ()
+
+    def __new__(cls, index: int) -> Slot:
+        return tuple.__new__(cls, ("f", index))
+
+    def __getnewargs__(self) -> tuple[int]:
+        return (self[1],)
+
+    @property
+    def index(self) -> int:
+        return self[1]
+
+
+Ref = Input | Node | Slot
+REF_TYPES = (Input, Node, Slot)
+
+
+def reads(value: Any, ref: Ref) -> bool:
+    """Whether an encoded argument (or a tuple of them) is or contains ``ref``."""
+    if type(value) is type(ref):
+        return value == ref
+    return type(value) is tuple and any(reads(item, ref) for item in value)
+
+
+def resolve(value: Any, lookup: Callable[[Ref], Any]) -> Any:
+    """Replace refs in an encoded argument (tuples stand for lists) with ``lookup(ref)``."""
+    if type(value) in REF_TYPES:
+        return lookup(value)
+    if type(value) is tuple:
+        return [resolve(v, lookup) for v in value]
+    return value
+
+
+def decoder(
+    inputs: Sequence[Any], floats: Sequence[float], env: list[Any], item: Callable[[Node, Any], Any]
+) -> Callable[[Ref], Any]:
+    """What a ref stands for, against the group's inputs, its float slots and the values of
+    the ops run so far (``env``); ``item(ref, value)`` picks output k of a multi-output op."""
+
+    def lookup(ref: Ref) -> Any:
+        if type(ref) is Input:
+            return inputs[ref.index]
+        if type(ref) is Slot:
+            return floats[ref.index]
+        value = env[ref.op]
+        return value if ref.out is None else item(ref, value)
+
+    return lookup
+
+
 TensorMeta = tuple  # (shape, stride, storage_offset, dtype)
 
 
@@ -31,7 +127,7 @@ class OpRecord:
     func: torch._ops.OpOverload
     args: tuple
     kwargs: dict[str, Any]
-    multi_output: bool  # the op returns a tuple/list: its outputs are ("n", op, k)
+    multi_output: bool  # the op returns a tuple/list: its outputs are Node(op, k)
     code: CodeType | None  # the user's frame that issued it (code + line, not the frame)
     line: int
     key: tuple  # (func, encoded args, encoded kwargs): this op's part of the group's key
@@ -40,6 +136,10 @@ class OpRecord:
     @property
     def where(self) -> tuple[CodeType | None, int]:
         return self.code, self.line
+
+    def reads(self, ref: Ref) -> bool:
+        """Whether ``ref`` is among its arguments."""
+        return reads(self.args, ref) or reads(tuple(self.kwargs.values()), ref)
 
 
 @dataclass(slots=True)
@@ -123,7 +223,7 @@ class Trace:
             self.input_metas.append((*tensor_meta(tensor), alias_class))
             self.input_versions.append(tensor._version)
             self.input_wrapped.append(wrapped)
-        return ("i", index)
+        return Input(index)
 
     def input_index(self, tensor: torch.Tensor) -> int | None:
         return self._input_index.get(id(tensor))
@@ -135,14 +235,14 @@ class Trace:
 
     def root_of(self, ref: Ref) -> Ref:
         """What a ref ultimately views: an input, or the op that made the storage."""
-        while ref[0] == "n" and ref[1] in self.roots:
-            ref = self.roots[ref[1]]
+        while type(ref) is Node and ref.op in self.roots:
+            ref = self.roots[ref.op]
         return ref
 
     def mark_written(self, ref: Ref) -> None:
         root = self.root_of(ref)
-        if root[0] == "i":
-            self.dirty_storages.add(self.inputs[root[1]].untyped_storage().data_ptr())
+        if type(root) is Input:
+            self.dirty_storages.add(self.inputs[root.index].untyped_storage().data_ptr())
 
     def key_metas(self) -> tuple:
         """Input metadata for the group's key. Where a read-only input starts in its storage

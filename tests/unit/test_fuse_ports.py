@@ -1,0 +1,76 @@
+"""Each collaborator of the fused engine uses only what its Protocol in fuse/ports.py names.
+
+The source of each module is read (not run): every attribute taken of the engine it was
+handed, as ``engine.x`` or ``self.engine.x``, must be a member of that module's Protocol. A
+new reach into the engine fails here until the Protocol says so.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+import tpunb.fuse
+from tpunb.fuse import ports
+
+pytestmark = pytest.mark.unit
+
+FUSE = Path(tpunb.fuse.__file__).parent
+#: Each module that is handed the engine, and the Protocol it is typed with.
+COLLABORATORS = {
+    "deferred.py": ports.WrapperEngine,
+    "record.py": ports.RecorderEngine,
+    "adopt.py": ports.HotPathEngine,
+    "hotcalls.py": ports.HotPathEngine,
+    "hotsteps.py": ports.HotPathEngine,
+    "hot_backward.py": ports.HotPathEngine,
+}
+
+
+def members(protocol: type) -> set[str]:
+    """The attributes and methods a Protocol (and the Protocols it extends) declares."""
+    names: set[str] = set()
+    for cls in protocol.__mro__:
+        if cls.__module__ == ports.__name__:
+            names |= set(cls.__annotations__) | {n for n, v in vars(cls).items() if inspect.isfunction(v)}
+    return names
+
+
+def engine_reaches(source: str) -> set[str]:
+    """The attributes taken of ``engine`` or of ``<anything>.engine`` in ``source``."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute):
+            continue
+        holder = node.value
+        if (isinstance(holder, ast.Name) and holder.id == "engine") or (
+            isinstance(holder, ast.Attribute) and holder.attr == "engine"
+        ):
+            found.add(node.attr)
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(COLLABORATORS))
+def test_a_collaborator_reaches_only_what_its_protocol_names(module):
+    reached = engine_reaches((FUSE / module).read_text())
+    assert reached, f"{module} no longer uses the engine: drop it from COLLABORATORS"
+    beyond = reached - members(COLLABORATORS[module])
+    assert not beyond, f"{module} uses {sorted(beyond)} of the engine, beyond {COLLABORATORS[module].__name__}"
+
+
+def test_the_engine_is_what_each_protocol_says():
+    from tpunb.fuse.engine import FusionEngine
+
+    engine = FusionEngine("cpu")
+    for protocol in set(COLLABORATORS.values()):
+        missing = [name for name in members(protocol) if not hasattr(engine, name)]
+        assert not missing, f"FusionEngine lacks {missing} of {protocol.__name__}"
+
+
+def test_the_check_sees_a_reach_beyond_the_protocol():
+    source = "def f(engine):\n    engine.trace.ops\n    return self.engine.recorder\n"
+    assert engine_reaches(source) == {"trace", "recorder"}
+    assert "recorder" not in members(ports.HotPathEngine)
