@@ -2,7 +2,7 @@
 #   make lab            JupyterLab with tpunb and the bundled notebooks (CPU default)
 #   make test           lint (Python, and the extension's TypeScript: eslint, prettier,
 #                       stylelint, tsc), the extension's jest tests, every test group in
-#                       .venv, then the two runtime suites
+#                       .venv, and beside it the runtime suites
 #   make test-xla       tests/xla on torch_xla's CPU PJRT device, in each TPU image's package
 #                       set: .venv-colab (Colab) and .venv-kaggle (Kaggle, ipykernel 6.29)
 #   make test-torchtpu  tests/torchtpu in .venv-torchtpu: the real torch_tpu package
@@ -51,7 +51,7 @@ TPUNB_SOURCES := pyproject.toml README.md $(shell find tpunb -type f -not -path 
 WHEEL_STAMP := build/wheel/.built
 
 .PHONY: lab test lint test-extension venv node chromium test-xla test-colab test-kaggle \
-	test-torchtpu runtime-venvs dist
+	test-torchtpu runtime-venvs runtime-suites dist
 
 venv: $(STAMP)
 
@@ -95,15 +95,21 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		echo "chromium is not installed and this is not root: browser tests will be skipped"
 
-# The runtime venvs are built while the main suite runs: their installs wait on the network
-# and the disk (about 14 GB of wheels), the suite on the CPU, which the builds leave to it
-# (nice). Their log is shown if one fails.
+# The runtime suites run beside the main suite, which takes about 40 minutes on one core:
+# their environments are built first (the installs wait on the network and the disk, about
+# 14 GB of wheels), then their tests run on what the main suite leaves of the CPU (nice).
+# Their log is shown at the end: its pytest summaries when they passed, its end when not.
 test: lint test-extension chromium dist
 	mkdir -p build
-	nice -n 19 $(MAKE) runtime-venvs > build/runtime-venvs.log 2>&1 & venvs=$$!; \
+	nice -n 10 $(MAKE) runtime-suites > build/runtime-suites.log 2>&1 & runtime=$$!; \
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest; suite=$$?; \
-	wait $$venvs || { tail -n 60 build/runtime-venvs.log; exit 1; }; \
-	exit $$suite
+	wait $$runtime; runtime_rc=$$?; \
+	if [ $$runtime_rc = 0 ]; then echo "runtime suites (build/runtime-suites.log):"; \
+		grep -E "^=+ .*(passed|failed|error).* in " build/runtime-suites.log; \
+	else echo "runtime suites failed (build/runtime-suites.log):"; tail -n 120 build/runtime-suites.log; fi; \
+	[ $$suite = 0 ] && [ $$runtime_rc = 0 ]
+
+runtime-suites: runtime-venvs
 	$(MAKE) test-xla test-torchtpu
 
 runtime-venvs: .venv-colab/.tpunb-installed .venv-kaggle/.tpunb-installed .venv-torchtpu/.tpunb-installed
