@@ -143,3 +143,24 @@ def test_the_engine_busy_on_another_thread_does_not_hold_the_notebook_threads_in
     finally:
         leave.set()
         worker.join()
+
+
+class InterruptedInFinalizer:
+    """Gets SIGINT while Python finalizes it: the handler runs inside ``__del__`` (at the loop's
+    backward jump), where a KeyboardInterrupt is reported as unraisable and dropped."""
+
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGINT)
+        for _ in range(100):
+            pass
+
+
+def test_an_interrupt_a_finalizer_swallowed_still_stops_the_cell():
+    engine = FusionEngine(torch.device("cpu"))
+    hook = sys.unraisablehook
+    waited = []
+    with pytest.raises(KeyboardInterrupt), engine.scope(REPLAY):
+        InterruptedInFinalizer()  # dies at once
+        while len(waited) < 200:  # the cell runs on: a dropped interrupt would let it finish
+            waited.append(time.sleep(0.001))
+    assert len(waited) < 200 and sys.unraisablehook is hook

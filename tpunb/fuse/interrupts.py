@@ -8,6 +8,15 @@ scope, SIGINT received while the engine is busy is held until the engine's outer
 returns, and then delivered exactly as it would have been; received anywhere else (the
 user's own Python code), it is delivered at once.
 
+An interrupt is also never lost to a finalizer. Python runs a signal's handler at the next
+bytecode of the main thread, and that can be inside a weakref callback or a ``__del__``
+(PyTorch's weak dictionaries run one whenever a tensor they key dies, many times a step):
+a KeyboardInterrupt raised there is printed as "Exception ignored" and dropped, and the
+cell runs on. So while the guard is installed, a KeyboardInterrupt that reaches
+``sys.unraisablehook`` is sent to the main thread again, a moment later and from a timer's
+thread: sent at once, or while the hook waits for a thread to start, it lands inside the
+hook and is dropped again (should it land in another finalizer, it is sent again).
+
 Only the main thread's calls count: Python runs signal handlers there, and only there can a
 held interrupt be delivered. A tensor of the engine's touched on another thread (a compile
 worker, a thread of the user's) passes through the guard without holding anything; counted,
@@ -20,12 +29,15 @@ from __future__ import annotations
 import _thread
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
 Handler = Callable[[int, FrameType | None], Any]
+#: How long after a finalizer dropped an interrupt it is sent again (the hook has returned).
+RESEND_AFTER_S = 0.001
 
 
 class InterruptGuard:
@@ -46,9 +58,12 @@ class InterruptGuard:
             return
         self._previous.append(_as_callable(signal.getsignal(signal.SIGINT)))
         signal.signal(signal.SIGINT, self._on_signal)
+        unraisable = sys.unraisablehook
+        sys.unraisablehook = _interrupts_sent_again(unraisable)
         try:
             yield
         finally:
+            sys.unraisablehook = unraisable
             previous = self._previous.pop()
             signal.signal(signal.SIGINT, previous)
 
@@ -74,6 +89,21 @@ class InterruptGuard:
     def _deliver(self, signum: int, frame: FrameType | None) -> None:
         handler = self._previous[-1] if self._previous else signal.default_int_handler
         handler(signum, frame)
+
+
+def _interrupts_sent_again(report: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``sys.unraisablehook`` that sends a KeyboardInterrupt a finalizer swallowed to the main
+    thread again, and reports anything else as ``report`` does."""
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            timer = threading.Timer(RESEND_AFTER_S, _thread.interrupt_main)
+            timer.daemon = True
+            timer.start()
+        else:
+            report(unraisable)
+
+    return hook
 
 
 def _as_callable(handler: Any) -> Handler:
