@@ -57,8 +57,9 @@ def engine_reaches(source: str) -> set[str]:
 def test_a_collaborator_reaches_only_what_its_protocol_names(module):
     reached = engine_reaches((FUSE / module).read_text())
     assert reached, f"{module} no longer uses the engine: drop it from COLLABORATORS"
-    beyond = reached - members(COLLABORATORS[module])
-    assert not beyond, f"{module} uses {sorted(beyond)} of the engine, beyond {COLLABORATORS[module].__name__}"
+    protocol = COLLABORATORS[module]
+    beyond = reached - members(protocol)
+    assert not beyond, f"{module} uses {sorted(beyond)} of the engine, beyond {protocol.__name__}"
 
 
 def test_the_engine_is_what_each_protocol_says():
