@@ -24,13 +24,14 @@ from typing import Any
 import torch
 
 
-class Input(tuple):
-    """The ``index``-th real tensor the group reads."""
+class _Numbered(tuple):
+    """A ref that is a kind's tag and a number: ``(TAG, index)``."""
 
     __slots__ = ()
+    TAG = ""
 
-    def __new__(cls, index: int) -> Input:
-        return tuple.__new__(cls, ("i", index))
+    def __new__(cls, index: int) -> _Numbered:
+        return tuple.__new__(cls, (cls.TAG, index))
 
     def __getnewargs__(self) -> tuple[int]:  # (copy and pickle make it again from its index)
         return (self[1],)
@@ -38,6 +39,20 @@ class Input(tuple):
     @property
     def index(self) -> int:
         return self[1]
+
+
+class Input(_Numbered):
+    """The ``index``-th real tensor the group reads."""
+
+    __slots__ = ()
+    TAG = "i"
+
+
+class Slot(_Numbered):
+    """The ``index``-th Python float of the trace (``Trace.floats``)."""
+
+    __slots__ = ()
+    TAG = "f"
 
 
 class Node(tuple):
@@ -58,22 +73,6 @@ class Node(tuple):
     @property
     def out(self) -> int | None:
         return self[2] if len(self) == 3 else None
-
-
-class Slot(tuple):
-    """The ``index``-th Python float of the trace (``Trace.floats``)."""
-
-    __slots__ = ()
-
-    def __new__(cls, index: int) -> Slot:
-        return tuple.__new__(cls, ("f", index))
-
-    def __getnewargs__(self) -> tuple[int]:
-        return (self[1],)
-
-    @property
-    def index(self) -> int:
-        return self[1]
 
 
 Ref = Input | Node | Slot
