@@ -52,7 +52,7 @@ def hot_scope():
     model = torch.nn.Linear(WIDTH, WIDTH).eval()
     x = torch.randn(4, WIDTH)
     engine = FusionEngine(torch.device("cpu"))
-    with torch.no_grad(), engine.scope(FuseOptions(), adopt=(model,)):
+    with torch.no_grad(), engine.scope(FuseOptions(compile_after_s=0), adopt=(model,)):
         for _ in range(HOT_AFTER + 1):  # the HOT_AFTER-th call turns it hot; the next runs compiled
             model(x)
         yield SimpleNamespace(engine=engine, model=model, x=x)
@@ -120,7 +120,7 @@ def test_the_scope_leaves_the_stack_as_it_found_it(raises):
     engine = FusionEngine(torch.device("cpu"))
     before = stack_depth()
     expect = pytest.raises(ZeroDivisionError) if raises else contextlib.nullcontext()
-    with expect, torch.no_grad(), engine.scope(FuseOptions(), adopt=(model,)):
+    with expect, torch.no_grad(), engine.scope(FuseOptions(compile_after_s=0), adopt=(model,)):
         for _ in range(HOT_AFTER + 1):
             model(torch.ones(2, WIDTH))
         assert engine.modes.stepped_aside

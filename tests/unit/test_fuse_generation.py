@@ -60,7 +60,7 @@ def test_a_compiled_static_cache_generation_compiles_what_repeats_and_then_hits(
     call = generate_call(model, prompt(model), "static", 16)
     results = []
     for _ in range(2):
-        with engine.scope(FuseOptions(), adopt=(model,)):
+        with engine.scope(FuseOptions(compile_after_s=0), adopt=(model,)):
             results.append(call())
         engine.cache.wait_idle()
     assert all(torch.equal(out, expected) for out in results)

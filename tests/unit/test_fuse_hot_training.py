@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from tpunb.events import EventBus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
 from tpunb.fuse.hotcalls import HotCall
-from tpunb.fuse.plan import HOT_AFTER
+from tpunb.fuse.plan import HOT_AFTER, Regime
 
 STEPS = HOT_AFTER + 4
 SYNC = FuseOptions(sync_compile=True, hot_training=True)
@@ -229,9 +229,28 @@ def test_a_frozen_base_with_a_lora_adapter_trains_as_in_strict() -> None:
     assert any(g.key.endswith("-training") and g.status == "hit" for g in bus.recent("group"))
 
 
+def test_by_default_a_short_loop_runs_its_hot_call_and_step_eagerly_and_compiles_nothing() -> None:
+    """As in a notebook's ten-step cell: the module and its optimizer are hot from the first
+    step, but their compiles have not paid off yet (plan.compile_pays_off): the calls and
+    steps run as strict mode runs them, and nothing waits for Dynamo or Inductor."""
+    from torch._dynamo.utils import counters
+
+    seen = []
+    engine = FusionEngine(torch.device("cpu"), seen.append)
+    make = CASES["dropout"][0]
+    graphs = counters["stats"]["unique_graphs"]
+    fused = run(make, plain_step, engine, FuseOptions(hot_training=True))
+    assert_same_training(run(make, plain_step, None), fused)
+    assert counters["stats"]["unique_graphs"] == graphs  # Dynamo captured nothing
+    hot = fused[0]._compiled_call_impl
+    assert isinstance(hot, HotCall) and hot.eager_s[Regime.TRAINING] > 0
+    assert not [g for g in seen if getattr(g, "whole_call", False)], "no call or step ran compiled"
+
+
 def test_compiled_in_the_background_and_swapped_in_mid_loop() -> None:
-    """As in a notebook: the hot call runs as captured while the worker compiles it, then
-    compiled; the swap changes neither the losses nor the random stream."""
+    """As in a notebook: the hot call runs eagerly until its compile pays off, then as captured
+    while the worker compiles it, then compiled; neither change alters the losses or the
+    random stream."""
     seen = []
     engine = FusionEngine(torch.device("cpu"), seen.append)
     make = CASES["dropout"][0]
@@ -239,7 +258,7 @@ def test_compiled_in_the_background_and_swapped_in_mid_loop() -> None:
     model = make()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses, states = [], []
-    with engine.scope(FuseOptions(hot_training=True), adopt=(model, optimizer)):
+    with engine.scope(FuseOptions(hot_training=True, compile_after_s=0.05), adopt=(model, optimizer)):
         while not any(getattr(g, "status", None) == "hit" for g in seen[-3:]) or len(losses) < STEPS:
             states.append(torch.random.get_rng_state())
             losses.append(plain_step(model, optimizer, len(losses)))
@@ -250,6 +269,7 @@ def test_compiled_in_the_background_and_swapped_in_mid_loop() -> None:
     statuses = {g.status for g in seen if getattr(g, "key", None) == "Net-training" and hasattr(g, "status")}
     assert {"compiling", "hit"} <= statuses, statuses  # ran as captured, then compiled
     assert isinstance(model._compiled_call_impl, HotCall)
+    assert model._compiled_call_impl.eager_s[Regime.TRAINING] >= 0.05  # eagerly, until the compile paid off
     torch.manual_seed(0)
     reference = make()
     reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
@@ -286,7 +306,7 @@ def test_the_worker_reads_no_tensor_the_notebook_thread_is_changing(monkeypatch)
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     hits: set[str] = set()
-    with engine.scope(FuseOptions(hot_training=True), adopt=(model, optimizer)):
+    with engine.scope(FuseOptions(hot_training=True, compile_after_s=0), adopt=(model, optimizer)):
         for step in range(20_000):  # until the worker has compiled the call and the step
             plain_step(model, optimizer, step)
             hits |= {g.key for g in seen[-4:] if getattr(g, "status", None) == "hit"}

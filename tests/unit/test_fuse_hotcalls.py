@@ -22,7 +22,9 @@ from tpunb.fuse.hotcalls import HotCall
 from tpunb.fuse.plan import HOT_AFTER
 from tpunb.fuse.worker import COMPILER_BUSY
 
-BACKGROUND = FuseOptions()  # as in a notebook: groups compile in the background, hot calls at once
+# groups compile in the background, hot calls and steps from their first hot run: as in a notebook
+# whose loop has run long enough for their compiles to pay off (plan.compile_pays_off)
+BACKGROUND = FuseOptions(compile_after_s=0)
 
 
 @pytest.fixture(autouse=True)
@@ -321,7 +323,7 @@ def test_a_module_dynamo_fails_on_is_recorded_from_then_on(monkeypatch):
     with engine.scope(BACKGROUND, adopt=(model,)), torch.no_grad():
         for _ in range(HOT_AFTER):
             model(x)
-        monkeypatch.setattr(model._compiled_call_impl, "compiled", {"inference": broken, "training": broken})
+        monkeypatch.setattr(model._compiled_call_impl, "_compiled", {"inference": broken, "training": broken})
         with pytest.warns(RuntimeWarning, match="dynamo exploded"), pytest.raises(InternalTorchDynamoError):
             model(x)
         recorded = engine.counts["recorded"] + engine.counts["followed"]

@@ -9,6 +9,7 @@ import pytest
 
 from tpunb.fuse.cache import VariantState
 from tpunb.fuse.plan import (
+    COMPILE_COST_S,
     HOT_AFTER,
     HOT_SIGHTINGS,
     HOT_STEPS_AFTER,
@@ -19,6 +20,7 @@ from tpunb.fuse.plan import (
     Regime,
     StepAction,
     StepFacts,
+    compile_pays_off,
     plan,
     plan_call,
     plan_step,
@@ -69,7 +71,13 @@ def test_every_rule_of_when_a_group_compiles(group: GroupFacts, action: Action) 
 
 
 TRAINING_CALL = CallFacts(
-    regime=Regime.TRAINING, compile=True, hot_training=True, calls=1, refused=False, compiled_elsewhere=False
+    regime=Regime.TRAINING,
+    compile=True,
+    hot_training=True,
+    calls=1,
+    refused=False,
+    compiled_elsewhere=False,
+    compiles_at_once=True,
 )
 
 
@@ -90,6 +98,10 @@ def call(**changes) -> CallFacts:
         (call(calls=HOT_AFTER, compile=False), CallAction.RECORD),
         (call(calls=HOT_AFTER, refused=True), CallAction.RECORD),  # Dynamo failed on it
         (call(calls=HOT_AFTER, compiled_elsewhere=True), CallAction.RECORD),  # nn.Module.compile
+        # hot from the first call where a hot call runs eagerly until its compile pays off
+        (call(compiles_at_once=False), CallAction.HOT_FROM_NEXT_STEP),
+        (call(compiles_at_once=False, regime=Regime.INFERENCE), CallAction.HOT_FROM_NEXT_CALL),
+        (call(compiles_at_once=False, hot_training=False), CallAction.RECORD),
     ],
 )
 def test_every_rule_of_when_a_module_call_is_compiled_whole(facts: CallFacts, action: CallAction) -> None:
@@ -134,6 +146,22 @@ def step(**changes) -> StepFacts:
 )
 def test_every_rule_of_when_an_optimizer_step_is_compiled_whole(facts: StepFacts, action: StepAction) -> None:
     assert plan_step(facts) is action
+
+
+@pytest.mark.parametrize(
+    ("eager_s", "sync_compile", "after_s", "compiles"),
+    [
+        (0.0, False, COMPILE_COST_S, False),  # eager runs have not paid for a compile yet
+        (COMPILE_COST_S * 0.99, False, COMPILE_COST_S, False),
+        (COMPILE_COST_S, False, COMPILE_COST_S, True),  # rent or buy: they cost what a compile costs
+        (0.0, True, COMPILE_COST_S, True),  # --sync-compile: compiled at once
+        (0.0, False, 0.0, True),  # FuseOptions(compile_after_s=0): compiled at once, in the background
+    ],
+)
+def test_a_hot_call_or_step_compiles_once_its_eager_runs_cost_a_compile(
+    eager_s, sync_compile, after_s, compiles
+):
+    assert compile_pays_off(eager_s, sync_compile, after_s) is compiles
 
 
 def test_a_group_records_the_plan_it_ran_by():

@@ -12,11 +12,10 @@ per-op dispatch altogether: Dynamo captures the module's Python with guards (so 
 shape, flag or branch recompiles rather than replaying something else) and Inductor
 compiles it, as ``torch.compile`` would.
 
-A module is *hot* on its ``HOT_AFTER``-th outermost call in fused scopes with grad mode off
-and the module in eval mode (inference), or with grad on in train mode (training, below);
-the rule is plan.py's ``plan_call``. Every call with compiling off stays recorded, and so do
-the mixes (grad on in eval mode).
-From then on the module's
+A module is *hot* on its first (or ``HOT_AFTER``-th, below) outermost call in fused scopes
+with grad mode off and the module in eval mode (inference), or with grad on in train mode
+(training, below); the rule is plan.py's ``plan_call``. Every call with compiling off stays
+recorded, and so do the mixes (grad on in eval mode). From then on the module's
 ``_compiled_call_impl`` (where ``nn.Module.compile`` puts its compiled call) sends such
 calls through Dynamo, after flushing what is pending and handing it real tensors:
 
@@ -30,6 +29,16 @@ calls through Dynamo, after flushing what is pending and handing it real tensors
 Outside fused scopes, with grad on or in train mode, the call is the module's own. After an
 outermost compiled call the engine's dispatch mode steps aside until something needs it again
 (aside.py), so the loop around the model runs as eager PyTorch, without a Python call per op.
+
+A hot call is not compiled at once: it runs *eagerly* (the module's own call on plain
+tensors, outside recording, as strict mode runs it), timed, until its eager runs have cost
+what a compile costs the notebook (plan.py's ``compile_pays_off``, ``COMPILE_COST_S``), and
+only then goes through Dynamo. Dynamo's capture alone costs a small model's call hundreds of
+its eager runs, so a short cell (a ten-step loop, one ``generate()``) runs at strict's speed
+and compiles nothing, while a long loop compiles once its compile pays off. That is also why
+a module is hot from its first call there (``plan_call``); with ``--sync-compile`` (or
+``FuseOptions.compile_after_s=0``) hot calls compile from their first run, and a module is
+hot from its ``HOT_AFTER``-th call. Once a regime has run compiled, its calls stay compiled.
 
 The calls before it turns hot are recorded as usual, but the traces they touch are marked
 *warming* and their groups are not compiled (engine.py): they will not come back, so their
@@ -84,7 +93,15 @@ from tpunb.fuse.compile_later import CompileLater, CountedGraph, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.graph import inductor_compile
 from tpunb.fuse.hot_backward import backward_as_forward, next_node_number
-from tpunb.fuse.plan import CallAction, CallFacts, Regime, plan_call, runs_whole
+from tpunb.fuse.plan import (
+    TRAINING_STEP_PER_FORWARD,
+    CallAction,
+    CallFacts,
+    Regime,
+    compile_pays_off,
+    plan_call,
+    runs_whole,
+)
 from tpunb.fuse.settled import mark
 from tpunb.fuse.worker import COMPILER_BUSY, compiling_only_if_free
 from tpunb.source import locate
@@ -229,6 +246,7 @@ class HotCalls:
                 calls=counted + 1,
                 refused=counted == REFUSED,
                 compiled_elsewhere=module._compiled_call_impl is not None,  # by us, or nn.Module.compile
+                compiles_at_once=compile_pays_off(0.0, options.sync_compile, options.compile_after_s),
             )
         )
         if action is CallAction.RECORD:
@@ -303,19 +321,28 @@ class HotCall:
         self.later = CompileLater(
             engine.cache, f"{self.name}-training", lambda: engine.options.sync_compile, self.runs
         )
-        runs = self.runs
-
-        def inductor_counted(graph: torch.fx.GraphModule, examples: list[Any]) -> Callable[..., Any]:
-            return CountedGraph(inductor_or_eager(graph, examples), runs)
-
-        self.compiled = {
-            Regime.INFERENCE: torch.compile(calling(module._call_impl), backend=inductor_counted),
-            # static shapes: the worker compiles after Dynamo has installed its guards, so
-            # the compile must not add shape guards of its own
-            Regime.TRAINING: torch.compile(calling(module._call_impl), backend=self.later, dynamic=False),
-        }
+        self._compiled: dict[Regime, Callable[..., Any]] = {}  # made at the first compiled call
+        self.eager_s = dict.fromkeys(Regime, 0.0)  # what its eager runs cost: plan.compile_pays_off
         self.tensors = [*module.parameters(), *module.buffers()]
         self.called: set[Regime] = set()  # the regimes it has run compiled in
+
+    def compiled(self, now: Regime) -> Callable[..., Any]:
+        """The module's call through Dynamo in regime ``now``, made when first needed: a module
+        whose compile never pays off never imports Dynamo's machinery."""
+        if now not in self._compiled:
+            module, runs = self.module_ref(), self.runs
+
+            def inductor_counted(graph: torch.fx.GraphModule, examples: list[Any]) -> Callable[..., Any]:
+                return CountedGraph(inductor_or_eager(graph, examples), runs)
+
+            self._compiled[now] = (
+                torch.compile(calling(module._call_impl), backend=inductor_counted)
+                if now is Regime.INFERENCE
+                # static shapes: the worker compiles after Dynamo has installed its guards, so
+                # the compile must not add shape guards of its own
+                else torch.compile(calling(module._call_impl), backend=self.later, dynamic=False)
+            )
+        return self._compiled[now]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module_ref()  # alive: it is the module being called
@@ -323,7 +350,25 @@ class HotCall:
         options = self.engine.options
         if not runs_whole(now, in_fused_scope(self.engine), options.compile, options.hot_training):
             return module._call_impl(*args, **kwargs)
+        if now not in self.called and not compile_pays_off(
+            self.eager_s[now], options.sync_compile, options.compile_after_s
+        ):
+            return self._run_eager(module, args, kwargs, now)
         return self._run_compiled(module, args, kwargs, now)
+
+    def _run_eager(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: Regime) -> Any:
+        """The call as strict mode runs it, on plain tensors outside recording, timed toward
+        its compile paying off; the loop around it runs as eager PyTorch too (aside.py)."""
+        engine = self.engine
+        args, kwargs = self._plain_arguments(module, args, kwargs)
+        started = time.perf_counter()
+        with engine.hot.hooks.lifted(), _disable_current_modes():
+            out = module._call_impl(*args, **kwargs)
+        spent = time.perf_counter() - started
+        self.eager_s[now] += spent * (TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0)
+        if not engine.hot.in_call and not engine.trace.ops:
+            engine.modes.step_aside(engine)
+        return mark(out)
 
     def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: Regime) -> Any:
         from torch._dynamo.utils import counters
@@ -356,7 +401,7 @@ class HotCall:
             uncompiled=uncompiled,
             compiling=training and self.later.compiling,
             may_compile=may_compile,
-            code=getattr(self.compiled[now], "__wrapped__", None),
+            code=getattr(self.compiled(now), "__wrapped__", None),
             compile_in_call=not training,
         )
         if not engine.hot.in_call and not engine.trace.ops:
@@ -389,7 +434,7 @@ class HotCall:
         from torch._dynamo.exc import InternalTorchDynamoError, TorchRuntimeError
 
         try:
-            return self.compiled[now](*args, **kwargs)
+            return self.compiled(now)(*args, **kwargs)
         except TorchRuntimeError:
             return module._call_impl(*args, **kwargs)
         except InternalTorchDynamoError as error:

@@ -23,8 +23,11 @@ recompile per hyperparameter that changes, never one per step (measured: 3 graph
 steps of StepLR with hand-set betas; with ``dynamic=False`` Dynamo recompiled every step).
 The groups stay as the user wrote them (floats, not tensors).
 
-Like a hot training call, the captured graph runs at once and the compile worker compiles it
-(compile_later.py); its record is a group row keyed ``AdamW-step`` (``whole_call``).
+Like a hot call, a hot step runs eagerly (the step it wrapped, timed) until its eager steps
+have cost what a compile costs the notebook (plan.py's ``compile_pays_off``), and once
+compiled stays compiled. Like a hot training call, the captured graph runs at once and the
+compile worker compiles it (compile_later.py); its record is a group row keyed
+``AdamW-step`` (``whole_call``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import logging
 import time
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -44,7 +47,7 @@ from tpunb.events import OPTIMIZER_STEP_SUFFIX
 from tpunb.fuse.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.hotcalls import calling, in_fused_scope, publish_whole_call
-from tpunb.fuse.plan import StepAction, StepFacts, plan_step
+from tpunb.fuse.plan import StepAction, StepFacts, compile_pays_off, plan_step
 from tpunb.fuse.worker import compiling_only_if_free
 
 if TYPE_CHECKING:
@@ -110,10 +113,19 @@ class HotStep:
         # wrapper holds it weakly. Once the optimizer is gone, so are its step's graphs,
         # which hold its parameters and state.
         self._pass_optimizer = getattr(self.previous, "__self__", None) is optimizer
-        step = self.previous.__func__ if self._pass_optimizer else self.previous
-        # dynamic=None: a float that changes (a scheduled lr) becomes an input after one recompile
-        self.compiled = torch.compile(calling(step), backend=self.later)
+        self._compiled: Callable[..., Any] | None = None  # made at the first compiled step
+        self.eager_s = 0.0  # what its eager steps cost: plan.compile_pays_off
         weakref.finalize(optimizer, self.later.release)
+
+    @property
+    def compiled(self) -> Callable[..., Any]:
+        """The step through Dynamo, made when first needed (a step whose compile never pays
+        off never imports Dynamo's machinery)."""
+        if self._compiled is None:
+            step = self.previous.__func__ if self._pass_optimizer else self.previous
+            # dynamic=None: a float that changes (a scheduled lr) becomes an input after one recompile
+            self._compiled = torch.compile(calling(step), backend=self.later)
+        return self._compiled
 
     @property
     def __func__(self) -> Any:
@@ -143,6 +155,13 @@ class HotStep:
             or not self._made_plain(optimizer)
         ):
             return self.previous(*args, **kwargs)
+        if self._compiled is None and not compile_pays_off(
+            self.eager_s, options.sync_compile, options.compile_after_s
+        ):
+            started = time.perf_counter()
+            out = self.previous(*args, **kwargs)  # as strict mode steps (its pre-hook steps aside)
+            self.eager_s += time.perf_counter() - started
+            return out
         return self._run_compiled(optimizer)
 
     def _made_plain(self, optimizer: torch.optim.Optimizer) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpunb.fuse.plan import COMPILE_COST_S
 from tpunb.modes import HOT_TRAINING_BY_DEFAULT
 
 #: Default bound on ops per group: compile time grows with graph size (research/fusion.md).
@@ -18,4 +19,7 @@ class FuseOptions:
     # a module trained again and again is compiled whole, forward and backward (hotcalls.py),
     # and the optimizer stepping it too (hotsteps.py); False records every training call
     hot_training: bool = HOT_TRAINING_BY_DEFAULT
+    # a hot call or step runs eagerly until its eager runs have cost this many seconds, then
+    # compiles (plan.compile_pays_off); 0: compiled from its first hot run (tests of compiled code)
+    compile_after_s: float = COMPILE_COST_S
     max_ops: int = MAX_OPS

@@ -4,10 +4,13 @@
   ops one by one, and may start a compile for next time (on the worker, or first and waited
   for with ``--sync-compile``).
 * ``plan_call``: a module's outermost call in a fused scope is recorded, or counted toward
-  being compiled whole (hotcalls.py), and turns hot at its ``HOT_AFTER``-th call;
-  ``runs_whole`` says whether a hot module's call runs compiled now.
+  being compiled whole (hotcalls.py), and turns hot at its ``HOT_AFTER``-th call (its first
+  where hot calls wait for their compile to pay off); ``runs_whole`` says whether a hot
+  module's call runs whole now.
 * ``plan_step``: an optimizer's eager step over plain parameters counts toward its step being
   compiled whole (hotsteps.py), from the ``HOT_STEPS_AFTER``-th on.
+* ``compile_pays_off``: whether a hot call or step is compiled now, or runs eagerly once more
+  (as strict mode runs it) because its compile has not yet paid off.
 
 These used to be spread over the engine, the cache, the settled-group test, the hot-call
 warm-up flag, the storm guard and the hot calls' and steps' own checks; here they are table-tested
@@ -29,6 +32,14 @@ HOT_SIGHTINGS = 3
 HOT_AFTER = 3
 #: Eager steps over plain parameters in fused scopes after which an optimizer's step is compiled.
 HOT_STEPS_AFTER = 2
+#: What compiling a hot call or step costs the notebook, in seconds of eager work: Dynamo's
+#: capture runs on the notebook thread (0.15-0.8 s per call or step of the workloads'
+#: two-layer MLP, measured), and while the worker compiles, the notebook's steps run 10-50x
+#: slower (the worker's Python holds the GIL; 30-600 ms steps against strict's 1.3 ms).
+COMPILE_COST_S = 1.0
+#: A training call's step per second of its forward: autograd runs its backward later, at
+#: about twice the forward's cost (the usual 1:2 split of a step's work), unmeasured here.
+TRAINING_STEP_PER_FORWARD = 3.0
 
 
 class Action(StrEnum):
@@ -123,10 +134,17 @@ class CallFacts:
     calls: int  # its outermost calls in fused scopes so far, this one included
     refused: bool  # Dynamo failed on it: recorded for good
     compiled_elsewhere: bool  # its call is compiled already (by tpunb, or nn.Module.compile)
+    compiles_at_once: bool  # a hot call compiles from its first run (compile_pays_off with nothing spent)
 
 
 def plan_call(facts: CallFacts) -> CallAction:
     """How an outermost module call in a fused scope runs, and what it makes of the module.
+
+    A module is hot from its first call where a hot call runs eagerly until compiling it pays
+    off (``compile_pays_off``, the default): recording calls before would only cost time (a
+    recorded call of a small model costs tens of times its eager run). Where hot calls compile
+    at once (``--sync-compile``, ``compile_after_s=0``), calls are recorded until the
+    ``HOT_AFTER``-th: a module called once or twice is not worth a compile.
 
     A training call turns hot at the next optimizer step (or scope start), not at once: making
     it hot releases its adopted parameters, which would poison the autograd graph of a call
@@ -136,7 +154,7 @@ def plan_call(facts: CallFacts) -> CallAction:
     )
     if not facts.compile or not regime_counts or facts.compiled_elsewhere or facts.refused:
         return CallAction.RECORD
-    if facts.calls < HOT_AFTER:
+    if facts.calls < (HOT_AFTER if facts.compiles_at_once else 1):
         return CallAction.WARM
     if facts.regime is Regime.TRAINING:
         return CallAction.HOT_FROM_NEXT_STEP
@@ -149,6 +167,18 @@ def runs_whole(regime: Regime | None, in_fused_scope: bool, compile: bool, hot_t
     if regime is None or not in_fused_scope or not compile:
         return False
     return regime is Regime.INFERENCE or hot_training
+
+
+def compile_pays_off(eager_s: float, sync_compile: bool, after_s: float = COMPILE_COST_S) -> bool:
+    """Whether a hot call or step is compiled now (``--sync-compile``: always), or runs eagerly
+    once more, as strict mode would, having cost ``eager_s`` seconds run so until now.
+
+    Rent or buy: a compile costs the notebook about ``COMPILE_COST_S`` (``after_s``: the
+    scope's ``FuseOptions.compile_after_s``) whatever it saves later, so it starts once the
+    eager runs have cost as much. A loop that ends sooner (a short cell,
+    one ``generate()`` of a small model) never paid for a compile, and one that runs on
+    spends at most twice what compiling at once would have (the ski-rental bound)."""
+    return sync_compile or eager_s >= after_s
 
 
 class StepAction(StrEnum):
