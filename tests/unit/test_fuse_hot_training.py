@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tpunb.events import EventBus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
-from tpunb.fuse.hotcalls import HotCall
+from tpunb.fuse.hotcalls import UNTIL_PAID_FOR, HotCall
 from tpunb.fuse.plan import HOT_AFTER, Regime
 
 STEPS = HOT_AFTER + 4
@@ -244,7 +244,26 @@ def test_by_default_a_short_loop_runs_its_hot_call_and_step_eagerly_and_compiles
     assert counters["stats"]["unique_graphs"] == graphs  # Dynamo captured nothing
     hot = fused[0]._compiled_call_impl
     assert isinstance(hot, HotCall) and hot.eager_s[Regime.TRAINING] > 0
-    assert not [g for g in seen if getattr(g, "whole_call", False)], "no call or step ran compiled"
+    rows = {(g.key, g.status, g.miss_reason) for g in seen if getattr(g, "whole_call", False)}
+    # one row each says why they are not compiled yet; none ran compiled
+    assert rows == {(key, "eager", UNTIL_PAID_FOR) for key in ("Net-training", "SGD-step")}, rows
+
+
+def test_an_optimizer_adopted_with_its_model_steps_on_plain_state_once_the_model_is_hot() -> None:
+    """A cell adopts the notebook's model and optimizer as it starts; the model's first call is
+    recorded, and it turns hot at the optimizer's first step. Releasing its parameters there
+    once recorded views of them, which kept the engine's mode on the stack for the step: AdamW's
+    new state was recorded, stayed tpunb's wrappers for good (every op on it dispatched through
+    them), and the step could never be compiled (``plain_state``)."""
+    engine = FusionEngine(torch.device("cpu"))
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with engine.scope(FuseOptions(hot_training=True), adopt=(model, optimizer)):
+        for step in range(3):
+            plain_step(model, optimizer, step)
+    state = [value for values in optimizer.state.values() for value in values.values()]
+    assert state and all(type(value) is torch.Tensor for value in state), {type(v) for v in state}
 
 
 def test_compiled_in_the_background_and_swapped_in_mid_loop() -> None:

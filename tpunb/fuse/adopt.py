@@ -171,14 +171,18 @@ class Adoption:
 
     def release(self, objects: tuple[Any, ...]) -> int:
         """Make ``objects``' adopted tensors plain again, in place (``release_tensor``); the
-        next fused scope or recorded call adopts them again. Returns how many were released."""
+        next fused scope or recorded call adopts them again. Returns how many were released.
+        Outside the engine's mode: recorded, the releasing ops (a parameter's ``detach``, a view)
+        would make pending values of what must be plain (and keep the mode from stepping aside,
+        so an optimizer's new state was recorded, and stayed tpunb's, step after step)."""
         for obj in objects:
             if isinstance(obj, torch.nn.Module):
                 for module in obj.modules():
                     self.modules.discard(module)
             elif isinstance(obj, torch.optim.Optimizer):
                 self.optimizers.discard(obj)
-        return sum(release_tensor(tensor) for tensor in list(tensors_of(objects)))
+        with _disable_current_modes():
+            return sum(release_tensor(tensor) for tensor in list(tensors_of(objects)))
 
     def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         engine = self.engine

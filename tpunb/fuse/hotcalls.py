@@ -94,6 +94,7 @@ from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.graph import inductor_compile
 from tpunb.fuse.hot_backward import backward_as_forward, next_node_number
 from tpunb.fuse.plan import (
+    COMPILE_COST_S,
     TRAINING_STEP_PER_FORWARD,
     CallAction,
     CallFacts,
@@ -365,7 +366,10 @@ class HotCall:
         with engine.hot.hooks.lifted(), _disable_current_modes():
             out = module._call_impl(*args, **kwargs)
         spent = time.perf_counter() - started
-        self.eager_s[now] += spent * (TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0)
+        training = now is Regime.TRAINING
+        if not self.eager_s[now]:  # its first eager run: one row says why nothing compiles yet
+            publish_until_paid_for(engine, f"{self.name}-{'training' if training else 'whole'}", started)
+        self.eager_s[now] += spent * (TRAINING_STEP_PER_FORWARD if training else 1.0)
         if not engine.hot.in_call and not engine.trace.ops:
             engine.modes.step_aside(engine)
         return mark(out)
@@ -510,6 +514,7 @@ def publish_whole_call(
     may_compile: bool,
     code: Any,
     compile_in_call: bool = False,
+    reason: str | None = None,
 ) -> None:
     """Count a call compiled whole (a hot module call, a hot optimizer step) in the cache's
     counters and publish its group record, at the user's line that made it: a miss when
@@ -517,7 +522,8 @@ def publish_whole_call(
     while its graph runs as captured, a hit otherwise. A call that ran as it is because the
     worker held the compiler (``may_compile`` false) asked nothing of the cache: its row says
     so, the counters leave it out. ``compile_in_call``: the compile ran inside the call
-    (Inductor at once, not on the worker), so its time is the call's."""
+    (Inductor at once, not on the worker), so its time is the call's. ``reason``: why it ran
+    as it did, where the caller knows better (``UNTIL_PAID_FOR``)."""
     run_ms = (time.perf_counter() - started) * 1000
     if may_compile or not uncompiled:
         engine.cache.count_whole_call(compiled, run_ms if compiled else 0.0, uncompiled)
@@ -543,10 +549,34 @@ def publish_whole_call(
             compile_ms=run_ms if compiled and compile_in_call else None,
             run_ms=run_ms,
             lifted=0,
-            miss_reason=why_run(compiled, uncompiled, may_compile, code),
+            miss_reason=reason or why_run(compiled, uncompiled, may_compile, code),
             whole_call=True,
             at=where.label if where else None,
         )
+    )
+
+
+#: A hot call's or step's row while it runs eagerly: plan.compile_pays_off.
+UNTIL_PAID_FOR = (
+    "run as strict mode runs it until its runs have cost what a compile would (about "
+    f"{COMPILE_COST_S:g} s; --sync-compile compiles at once)"
+)
+
+
+def publish_until_paid_for(engine: HotPathEngine, key: str, started: float) -> None:
+    """The group row of a hot call's or step's first eager run (``UNTIL_PAID_FOR``), so that
+    the monitor shows why it is not compiled yet; the cache's counters leave it out."""
+    publish_whole_call(
+        engine,
+        key=key,
+        trigger=f"{key}, hot: eager until its compile pays off",
+        started=started,
+        compiled=0,
+        uncompiled=True,
+        compiling=False,
+        may_compile=False,
+        code=None,
+        reason=UNTIL_PAID_FOR,
     )
 
 

@@ -46,7 +46,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from tpunb.events import OPTIMIZER_STEP_SUFFIX
 from tpunb.fuse.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.hotcalls import calling, in_fused_scope, publish_whole_call
+from tpunb.fuse.hotcalls import calling, in_fused_scope, publish_until_paid_for, publish_whole_call
 from tpunb.fuse.plan import StepAction, StepFacts, compile_pays_off, plan_step
 from tpunb.fuse.worker import compiling_only_if_free
 
@@ -160,6 +160,8 @@ class HotStep:
         ):
             started = time.perf_counter()
             out = self.previous(*args, **kwargs)  # as strict mode steps (its pre-hook steps aside)
+            if not self.eager_s:  # its first eager step: one row says why nothing compiles yet
+                publish_until_paid_for(engine, self.name + OPTIMIZER_STEP_SUFFIX, started)
             self.eager_s += time.perf_counter() - started
             return out
         return self._run_compiled(optimizer)
