@@ -243,7 +243,7 @@ def test_by_default_a_short_loop_runs_its_hot_call_and_step_eagerly_and_compiles
     assert_same_training(run(make, plain_step, None), fused)
     assert counters["stats"]["unique_graphs"] == graphs  # Dynamo captured nothing
     hot = fused[0]._compiled_call_impl
-    assert isinstance(hot, HotCall) and hot.eager_s[Regime.TRAINING] > 0
+    assert isinstance(hot, HotCall) and hot.payoff[Regime.TRAINING].eager_runs > 0
     rows = {(g.key, g.status, g.miss_reason) for g in seen if getattr(g, "whole_call", False)}
     # one row each says why they are not compiled yet; none ran compiled
     assert rows == {(key, "eager", UNTIL_PAID_FOR) for key in ("Net-training", "SGD-step")}, rows
@@ -288,7 +288,7 @@ def test_compiled_in_the_background_and_swapped_in_mid_loop() -> None:
     statuses = {g.status for g in seen if getattr(g, "key", None) == "Net-training" and hasattr(g, "status")}
     assert {"compiling", "hit"} <= statuses, statuses  # ran as captured, then compiled
     assert isinstance(model._compiled_call_impl, HotCall)
-    assert model._compiled_call_impl.eager_s[Regime.TRAINING] >= 0.05  # eagerly, until the compile paid off
+    assert model._compiled_call_impl.payoff[Regime.TRAINING].spent_s >= 0.05  # eagerly, until it paid off
     torch.manual_seed(0)
     reference = make()
     reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)

@@ -93,6 +93,7 @@ from tpunb.fuse.compile_later import CompileLater, CountedGraph, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.graph import inductor_compile
 from tpunb.fuse.hot_backward import backward_as_forward, next_node_number
+from tpunb.fuse.payoff import Payoff
 from tpunb.fuse.plan import (
     COMPILE_COST_S,
     TRAINING_STEP_PER_FORWARD,
@@ -323,7 +324,7 @@ class HotCall:
             engine.cache, f"{self.name}-training", lambda: engine.options.sync_compile, self.runs
         )
         self._compiled: dict[Regime, Callable[..., Any]] = {}  # made at the first compiled call
-        self.eager_s = dict.fromkeys(Regime, 0.0)  # what its eager runs cost: plan.compile_pays_off
+        self.payoff = {now: Payoff() for now in Regime}  # its eager and compiled runs' times
         self.tensors = [*module.parameters(), *module.buffers()]
         self.called: set[Regime] = set()  # the regimes it has run compiled in
 
@@ -351,11 +352,15 @@ class HotCall:
         options = self.engine.options
         if not runs_whole(now, in_fused_scope(self.engine), options.compile, options.hot_training):
             return module._call_impl(*args, **kwargs)
-        if now not in self.called and not compile_pays_off(
-            self.eager_s[now], options.sync_compile, options.compile_after_s
+        if not self.payoff[now].compiles_now(
+            now in self.called, options.sync_compile, options.compile_after_s
         ):
             return self._run_eager(module, args, kwargs, now)
         return self._run_compiled(module, args, kwargs, now)
+
+    def key(self, now: Regime) -> str:
+        """Its group rows' key in regime ``now``."""
+        return f"{self.name}-{'training' if now is Regime.TRAINING else 'whole'}"
 
     def _run_eager(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: Regime) -> Any:
         """The call as strict mode runs it, on plain tensors outside recording, timed toward
@@ -366,10 +371,9 @@ class HotCall:
         with engine.hot.hooks.lifted(), _disable_current_modes():
             out = module._call_impl(*args, **kwargs)
         spent = time.perf_counter() - started
-        training = now is Regime.TRAINING
-        if not self.eager_s[now]:  # its first eager run: one row says why nothing compiles yet
-            publish_until_paid_for(engine, f"{self.name}-{'training' if training else 'whole'}", started)
-        self.eager_s[now] += spent * (TRAINING_STEP_PER_FORWARD if training else 1.0)
+        weight = TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0
+        if self.payoff[now].ran_eagerly(spent, weight):  # one row says why nothing compiles yet
+            publish_eager(engine, self.key(now), started, UNTIL_PAID_FOR)
         if not engine.hot.in_call and not engine.trace.ops:
             engine.modes.step_aside(engine)
         return mark(out)
@@ -382,12 +386,14 @@ class HotCall:
         args, kwargs = self._plain_arguments(module, args, kwargs)
         graphs, runs = counters["stats"]["unique_graphs"], self.runs.count
         first_node = next_node_number()
+        call_started = time.perf_counter()
         with (
             engine.hot.hooks.lifted(),
             _disable_current_modes(),
             compiling_only_if_free(engine.options.sync_compile) as may_compile,
         ):
             out = self._call_through_dynamo(module, now, args, kwargs)
+        call_s = time.perf_counter() - call_started
         compiled = counters["stats"]["unique_graphs"] - graphs
         # Dynamo ran it as it is: past its recompile limit, or the worker held the compiler
         uncompiled = self.runs.count == runs
@@ -396,18 +402,22 @@ class HotCall:
                 self._refused_at_first_call(module)
             self.called.add(now)
         training = now is Regime.TRAINING
+        compiling = training and self.later.compiling
         publish_whole_call(
             engine,
-            key=f"{self.name}-{'training' if training else 'whole'}",
+            key=self.key(now),
             trigger=f"{self.name} call, compiled whole (a hot {'training' if training else 'no-grad'} call)",
             started=started,
             compiled=compiled,
             uncompiled=uncompiled,
-            compiling=training and self.later.compiling,
+            compiling=compiling,
             may_compile=may_compile,
             code=getattr(self.compiled(now), "__wrapped__", None),
             compile_in_call=not training,
         )
+        payoff = self.payoff[now]
+        if not (compiled or uncompiled or compiling) and payoff.ran_compiled(call_s):
+            publish_eager(engine, self.key(now), started, payoff.slower_reason())
         if not engine.hot.in_call and not engine.trace.ops:
             engine.modes.step_aside(engine)  # the loop around it runs as eager PyTorch: aside.py
         if training:
@@ -563,20 +573,21 @@ UNTIL_PAID_FOR = (
 )
 
 
-def publish_until_paid_for(engine: HotPathEngine, key: str, started: float) -> None:
-    """The group row of a hot call's or step's first eager run (``UNTIL_PAID_FOR``), so that
-    the monitor shows why it is not compiled yet; the cache's counters leave it out."""
+def publish_eager(engine: HotPathEngine, key: str, started: float, reason: str) -> None:
+    """The group row of a hot call or step that runs eagerly from now on, for ``reason``
+    (``UNTIL_PAID_FOR``, or its compiled runs proved slower), so that the monitor shows why;
+    the cache's counters leave it out."""
     publish_whole_call(
         engine,
         key=key,
-        trigger=f"{key}, hot: eager until its compile pays off",
+        trigger=f"{key}, hot: run eagerly",
         started=started,
         compiled=0,
         uncompiled=True,
         compiling=False,
         may_compile=False,
         code=None,
-        reason=UNTIL_PAID_FOR,
+        reason=reason,
     )
 
 

@@ -46,8 +46,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 from tpunb.events import OPTIMIZER_STEP_SUFFIX
 from tpunb.fuse.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.hotcalls import calling, in_fused_scope, publish_until_paid_for, publish_whole_call
-from tpunb.fuse.plan import StepAction, StepFacts, compile_pays_off, plan_step
+from tpunb.fuse.hotcalls import UNTIL_PAID_FOR, calling, in_fused_scope, publish_eager, publish_whole_call
+from tpunb.fuse.payoff import Payoff
+from tpunb.fuse.plan import StepAction, StepFacts, plan_step
 from tpunb.fuse.worker import compiling_only_if_free
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ class HotStep:
         # which hold its parameters and state.
         self._pass_optimizer = getattr(self.previous, "__self__", None) is optimizer
         self._compiled: Callable[..., Any] | None = None  # made at the first compiled step
-        self.eager_s = 0.0  # what its eager steps cost: plan.compile_pays_off
+        self.payoff = Payoff()  # its eager and compiled steps' times
         weakref.finalize(optimizer, self.later.release)
 
     @property
@@ -155,14 +156,13 @@ class HotStep:
             or not self._made_plain(optimizer)
         ):
             return self.previous(*args, **kwargs)
-        if self._compiled is None and not compile_pays_off(
-            self.eager_s, options.sync_compile, options.compile_after_s
+        if not self.payoff.compiles_now(
+            self._compiled is not None, options.sync_compile, options.compile_after_s
         ):
             started = time.perf_counter()
             out = self.previous(*args, **kwargs)  # as strict mode steps (its pre-hook steps aside)
-            if not self.eager_s:  # its first eager step: one row says why nothing compiles yet
-                publish_until_paid_for(engine, self.name + OPTIMIZER_STEP_SUFFIX, started)
-            self.eager_s += time.perf_counter() - started
+            if self.payoff.ran_eagerly(time.perf_counter() - started):  # one row says why
+                publish_eager(engine, self.name + OPTIMIZER_STEP_SUFFIX, started, UNTIL_PAID_FOR)
             return out
         return self._run_compiled(optimizer)
 
@@ -203,6 +203,7 @@ class HotStep:
                     stacklevel=3,
                 )
                 return self.previous()
+        step_s = time.perf_counter() - started
         compiled = counters["stats"]["unique_graphs"] - graphs
         uncompiled = self.runs.count == runs
         if uncompiled and may_compile:  # Dynamo's limit of versions of the step's code is spent
@@ -219,6 +220,9 @@ class HotStep:
             may_compile=may_compile,
             code=code,
         )
+        hit = not (compiled or uncompiled or self.later.compiling)
+        if hit and self.payoff.ran_compiled(step_s):
+            publish_eager(engine, self.name + OPTIMIZER_STEP_SUFFIX, started, self.payoff.slower_reason())
         if not engine.trace.ops:
             engine.modes.step_aside(engine)
         return out

@@ -10,7 +10,8 @@
 * ``plan_step``: an optimizer's eager step over plain parameters counts toward its step being
   compiled whole (hotsteps.py), from the ``HOT_STEPS_AFTER``-th on.
 * ``compile_pays_off``: whether a hot call or step is compiled now, or runs eagerly once more
-  (as strict mode runs it) because its compile has not yet paid off.
+  (as strict mode runs it) because its compile has not yet paid off; ``compiled_is_slower``:
+  whether, compiled, it proved slower than eager, and runs eagerly for good (payoff.py).
 
 These used to be spread over the engine, the cache, the settled-group test, the hot-call
 warm-up flag, the storm guard and the hot calls' and steps' own checks; here they are table-tested
@@ -37,6 +38,8 @@ HOT_STEPS_AFTER = 2
 #: two-layer MLP, measured), and while the worker compiles, the notebook's steps run 10-50x
 #: slower (the worker's Python holds the GIL; 30-600 ms steps against strict's 1.3 ms).
 COMPILE_COST_S = 1.0
+#: A hot call's or step's compiled runs timed before they are compared with its eager runs.
+COMPARED_RUNS = 8
 #: A training call's step per second of its forward: autograd runs its backward later, at
 #: about twice the forward's cost (the usual 1:2 split of a step's work), unmeasured here.
 TRAINING_STEP_PER_FORWARD = 3.0
@@ -179,6 +182,14 @@ def compile_pays_off(eager_s: float, sync_compile: bool, after_s: float = COMPIL
     one ``generate()`` of a small model) never paid for a compile, and one that runs on
     spends at most twice what compiling at once would have (the ski-rental bound)."""
     return sync_compile or eager_s >= after_s
+
+
+def compiled_is_slower(compiled_s: float, eager_s: float) -> bool:
+    """Whether a hot call or step, compiled, runs slower (``compiled_s``, the median of its
+    first ``COMPARED_RUNS`` compiled runs) than it ran eagerly (``eager_s``, their mean): then
+    it runs eagerly for good. Dynamo's guards and wrapper cost about 0.7 ms a call here, more
+    than a small model's forward, and no compile gets that back."""
+    return compiled_s > eager_s
 
 
 class StepAction(StrEnum):

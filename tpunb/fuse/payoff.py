@@ -1,0 +1,67 @@
+"""What a hot call or step has cost run eagerly and compiled: whether its compile has paid off
+yet (rent or buy, plan.py's ``compile_pays_off``), and, once it runs compiled, whether the
+compiled code is faster than the eager runs were (``compiled_is_slower``).
+
+A hot module call or optimizer step (hotcalls.py, hotsteps.py) runs eagerly, as strict mode
+does, until its eager runs have cost what a compile costs the notebook; then it compiles. On a
+small model a compiled call can still be slower than the eager one it replaces: Dynamo's
+guards and the compiled wrapper cost about 0.7 ms a call here, more than a two-layer MLP's
+forward. So its first compiled runs that hit are timed, and if their median is slower than the
+eager runs' mean, it runs eagerly for good: nothing runs slower than strict without need.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from tpunb.fuse.plan import COMPARED_RUNS, compile_pays_off, compiled_is_slower
+
+
+@dataclass
+class Payoff:
+    """One hot call's (in one regime) or step's eager and compiled run times."""
+
+    spent_s: float = 0.0  # its eager runs' cost toward a compile (a training call's weighted)
+    eager_runs: int = 0
+    eager_s: float = 0.0  # its eager runs' own time, unweighted
+    compiled_s: list[float] = field(default_factory=list)  # its first compiled runs that hit
+    slower: bool = False  # its compiled runs were slower than its eager runs: eager for good
+
+    def compiles_now(self, compiled_before: bool, sync_compile: bool, after_s: float) -> bool:
+        """Whether this run goes through Dynamo: it has run compiled before, or its compile
+        pays off now, unless compiled runs proved slower than eager ones."""
+        if self.slower:
+            return False
+        return compiled_before or compile_pays_off(self.spent_s, sync_compile, after_s)
+
+    def ran_eagerly(self, seconds: float, weight: float = 1.0) -> bool:
+        """An eager run took ``seconds`` (counted ``weight`` times toward a compile); returns
+        whether it was the first."""
+        self.eager_runs += 1
+        self.eager_s += seconds
+        self.spent_s += seconds * weight
+        return self.eager_runs == 1
+
+    def ran_compiled(self, seconds: float) -> bool:
+        """A compiled run that hit took ``seconds``; returns True once, when the first
+        ``COMPARED_RUNS`` of them prove slower than the eager runs (never where nothing ran
+        eagerly: ``--sync-compile``, where compiled code is what is asked for)."""
+        if not self.eager_runs or len(self.compiled_s) >= COMPARED_RUNS:
+            return False
+        self.compiled_s.append(seconds)
+        if len(self.compiled_s) < COMPARED_RUNS:
+            return False
+        self.slower = compiled_is_slower(statistics.median(self.compiled_s), self.eager_s / self.eager_runs)
+        return self.slower
+
+    def slower_reason(self) -> str:
+        """Why it runs eagerly again, in words, for its group row."""
+        compiled_ms, eager_ms = (
+            statistics.median(self.compiled_s) * 1000,
+            self.eager_s / self.eager_runs * 1000,
+        )
+        return (
+            f"compiled, it ran slower than eagerly ({compiled_ms:.2f} ms a run against {eager_ms:.2f} ms): "
+            "it runs as strict mode runs it from now on"
+        )
