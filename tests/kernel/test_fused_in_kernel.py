@@ -139,9 +139,11 @@ def test_cells_in_other_modes_run_what_fused_cells_adopted_as_plain_tensors(kern
     strict or compile-mode cell after it gets plain parameters back, in place (no Python
     dispatch per op; no tensor subclass for Dynamo). The next fused cell adopts them again,
     except those Dynamo's guards now hold weakly: PyTorch refuses to swap those, so fused
-    mode reads them as plain inputs (correct, with their optimizer step run eagerly)."""
+    mode reads them as plain inputs (correct, with their optimizer step run eagerly). The
+    recorder's cells (``--no-hot-training``): with hot training, a model trained in a fused cell
+    is hot from its first step, its parameters plain again from then on."""
     assert kernel.run(SETUP).error is None
-    fused = "%%tpu_mode fused\nstep(model, opt)\nkind = type(weight).__name__"
+    fused = "%%tpu_mode fused --no-hot-training\nstep(model, opt)\nkind = type(weight).__name__"
     other = "%%tpu_mode {}\nkind = type(model[0].weight).__name__\nstep(model, opt)"
     for cell, kind in [
         (fused, "DeferredTensor"),
