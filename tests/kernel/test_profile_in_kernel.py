@@ -72,7 +72,10 @@ def test_a_fused_training_cell_shows_its_report_and_saves_a_trace(profiled, tmp_
     costs = [op["host_ms"] + (op["device_ms"] or 0) for op in top_ops]
     assert costs == sorted(costs, reverse=True)
     groups = last(profiled, "groups")
-    assert len(groups) >= 6 and {g["status"] for g in groups} <= {"miss", "hit", "compiling", "eager"}
+    assert {g["status"] for g in groups} <= {"miss", "hit", "compiling", "eager"}, groups
+    # the first step recorded, then the model's call and the optimizer's step hot, run eagerly
+    # until their compile pays off (fuse/payoff.py): a row each says so
+    assert {"Sequential-training", "SGD-step"} <= {g["key"] for g in groups}, groups
     trace = Path(last(profiled, "trace_path"))
     assert trace.parent == tmp_path and trace.suffix == ".json"
     events = json.loads(trace.read_text())["traceEvents"]
@@ -98,7 +101,9 @@ def test_ragged_batches_are_a_recompile_finding_at_the_step_line(profiled, optio
     # the step's first shapes ran before (the model turned hot): each ragged batch below is new
     warm = f"%%tpu_mode fused --sync-compile{options}\nfor _ in range(4):\n    step().item()"
     assert profiled.run(warm).error is None
-    assert profiled.run(f"%tpu_mode fused{options}").error is None
+    # compiles waited for: the profiled cell's mode stack is new to Dynamo too (its guards), and
+    # with compiles in the background each new shape may find the worker still on the last one
+    assert profiled.run(f"%tpu_mode fused --sync-compile{options}").error is None
     cell = "%%tpu_profile\nfor n in [40, 56, 72, 88] * 3:\n    step(n).item()"
     result = profiled.run(cell)
     assert profiled.run("%tpu_mode strict").error is None
@@ -151,7 +156,8 @@ def test_a_cell_that_raises_shows_the_profile_up_to_the_error(profiled):
     assert result.error is not None and result.error["ename"] == "ZeroDivisionError"
     assert "stopped by ZeroDivisionError" in result.displays[-1]["text/plain"]
     assert last(profiled, "error") == "ZeroDivisionError"
-    assert len(last(profiled, "waits")) == 1 and last(profiled, "waits")[0]["count"] == 2
+    # the first step's .item() waited for its recorded group; the hot steps after it, nothing
+    assert len(last(profiled, "waits")) == 1 and last(profiled, "waits")[0]["count"] == 1
     assert profiled.value("tpunb.current_mode()") == "strict"
     assert profiled.run("print(float(step()) > 0)").stdout.strip() == "True"  # the kernel goes on
 

@@ -65,6 +65,8 @@ def train(engine: FusionEngine | None, steps: int, seen: list) -> tuple[torch.nn
         while len(losses) < steps and not any(
             "slower" in (getattr(g, "miss_reason", "") or "") for g in seen
         ):
+            if engine and any(getattr(g, "status", None) == "compiling" for g in seen[-3:]):
+                engine.cache.wait_idle()  # the worker's compile, however busy the machine is
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
