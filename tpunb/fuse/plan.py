@@ -172,7 +172,7 @@ def runs_whole(regime: Regime | None, in_fused_scope: bool, compile: bool, hot_t
     return regime is Regime.INFERENCE or hot_training
 
 
-def compile_pays_off(eager_s: float, sync_compile: bool, after_s: float = COMPILE_COST_S) -> bool:
+def compile_pays_off(eager_s: float, sync_compile: bool, after_s: float) -> bool:
     """Whether a hot call or step is compiled now (``--sync-compile``: always), or runs eagerly
     once more, as strict mode would, having cost ``eager_s`` seconds run so until now.
 
