@@ -6,12 +6,13 @@ A hot module call or optimizer step (hotcalls.py, hotsteps.py) runs eagerly, as 
 does, until its eager runs have cost what a compile costs the notebook; then it compiles. On a
 small model a compiled call can still be slower than the eager one it replaces: Dynamo's
 guards and the compiled wrapper cost about 0.7 ms a call here, more than a two-layer MLP's
-forward. So its first compiled runs that hit are timed, and if their median is slower than the
-eager runs' mean, it runs eagerly for good: nothing runs slower than strict without need.
+forward. So its first compiled runs that hit are timed, and if their median is slower than
+that of its last eager runs, it runs eagerly for good: nothing runs slower than strict without need.
 """
 
 from __future__ import annotations
 
+import collections
 import statistics
 from dataclasses import dataclass, field
 
@@ -24,7 +25,10 @@ class Payoff:
 
     spent_s: float = 0.0  # its eager runs' cost toward a compile (a training call's weighted)
     eager_runs: int = 0
-    eager_s: float = 0.0  # its eager runs' own time, unweighted
+    # its last eager runs' own times: the first runs of a process pay one-time costs
+    recent_eager_s: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=COMPARED_RUNS)
+    )
     compiled_s: list[float] = field(default_factory=list)  # its first compiled runs that hit
     slower: bool = False  # its compiled runs were slower than its eager runs: eager for good
 
@@ -39,7 +43,7 @@ class Payoff:
         """An eager run took ``seconds`` (counted ``weight`` times toward a compile); returns
         whether it was the first."""
         self.eager_runs += 1
-        self.eager_s += seconds
+        self.recent_eager_s.append(seconds)
         self.spent_s += seconds * weight
         return self.eager_runs == 1
 
@@ -52,14 +56,16 @@ class Payoff:
         self.compiled_s.append(seconds)
         if len(self.compiled_s) < COMPARED_RUNS:
             return False
-        self.slower = compiled_is_slower(statistics.median(self.compiled_s), self.eager_s / self.eager_runs)
+        self.slower = compiled_is_slower(
+            statistics.median(self.compiled_s), statistics.median(self.recent_eager_s)
+        )
         return self.slower
 
     def slower_reason(self) -> str:
         """Why it runs eagerly again, in words, for its group row."""
         compiled_ms, eager_ms = (
             statistics.median(self.compiled_s) * 1000,
-            self.eager_s / self.eager_runs * 1000,
+            statistics.median(self.recent_eager_s) * 1000,
         )
         return (
             f"compiled, it ran slower than eagerly ({compiled_ms:.2f} ms a run against {eager_ms:.2f} ms): "

@@ -186,7 +186,8 @@ def compile_pays_off(eager_s: float, sync_compile: bool, after_s: float) -> bool
 
 def compiled_is_slower(compiled_s: float, eager_s: float) -> bool:
     """Whether a hot call or step, compiled, runs slower (``compiled_s``, the median of its
-    first ``COMPARED_RUNS`` compiled runs) than it ran eagerly (``eager_s``, their mean): then
+    first ``COMPARED_RUNS`` compiled runs) than it ran eagerly (``eager_s``, the median of its
+    last as many eager runs): then
     it runs eagerly for good. Dynamo's guards and wrapper cost about 0.7 ms a call here, more
     than a small model's forward, and no compile gets that back."""
     return compiled_s > eager_s
