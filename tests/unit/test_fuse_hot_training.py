@@ -23,10 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from tpunb.events import EventBus
+from tpunb.events import EventBus, FusionGroup
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
+from tpunb.fuse.cache import VariantState
 from tpunb.fuse.hotcalls import UNTIL_PAID_FOR, HotCall
-from tpunb.fuse.plan import HOT_AFTER, Regime
+from tpunb.fuse.plan import HOT_AFTER, GroupFacts, Regime, plan
 
 STEPS = HOT_AFTER + 4
 SYNC = FuseOptions(sync_compile=True, hot_training=True)
@@ -247,6 +248,48 @@ def test_by_default_a_short_loop_runs_its_hot_call_and_step_eagerly_and_compiles
     rows = {(g.key, g.status, g.miss_reason) for g in seen if getattr(g, "whole_call", False)}
     # one row each says why they are not compiled yet; none ran compiled
     assert rows == {(key, "eager", UNTIL_PAID_FOR) for key in ("Net-training", "SGD-step")}, rows
+
+
+def logging_clipped_step(model, optimizer, step: int) -> float:
+    """A step that reads its loss before clipping the gradients, as HF's Trainer does."""
+    x, y = batch()
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    logged = loss.item()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return logged
+
+
+def test_a_cell_run_again_does_not_compile_its_new_models_first_step() -> None:
+    """A cell that builds its model and trains it records the model's first step: the model
+    turns hot at the optimizer's first step. The cell run again (a new model) records that
+    step again: seen again, its groups after the call (the gradient clip) would compile in the
+    background while the eager steps ran (the HF Trainer's warm steps at 3-6x their time,
+    measured). They will not come back within the cell, so nothing of the first step compiles."""
+    seen = []
+    engine = FusionEngine(torch.device("cpu"), seen.append)
+    for cell in range(2):
+        torch.manual_seed(cell)
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with engine.scope(FuseOptions(hot_training=True), adopt=(model, optimizer)):
+            for step in range(3):
+                logging_clipped_step(model, optimizer, step)
+    recorded = [g for g in seen if isinstance(g, FusionGroup) and not g.whole_call]
+    assert len(recorded) >= 4, [g.source for g in recorded]  # the call's group and the clip's, twice
+    seen_again_but_warming = GroupFacts(
+        state=VariantState.SEEN,
+        sightings=2,
+        repeat=True,
+        warming=True,
+        tiny=False,
+        storming=False,
+        sync_compile=False,
+    )
+    warming = plan(seen_again_but_warming).reason
+    assert all(g.plan == warming for g in recorded), [(g.source, g.plan) for g in recorded]
 
 
 def test_an_optimizer_adopted_with_its_model_steps_on_plain_state_once_the_model_is_hot() -> None:

@@ -43,7 +43,9 @@ hot from its ``HOT_AFTER``-th call. Once a regime has run compiled, its calls st
 The calls before it turns hot are recorded as usual, but the traces they touch are marked
 *warming* and their groups are not compiled (engine.py): they will not come back, so their
 compiles (one per distinct layer group of each of the first calls, seconds each) would only
-keep the compile worker busy, and a ``generate()`` call would count them.
+keep the compile worker busy, and a ``generate()`` call would count them. A training module's
+first step is warming to its end (its loss, backward and gradient clip too), until the
+optimizer step that makes the module hot.
 
 Every hot module's compiled call starts in a small frame of tpunb's with a code object of its
 own (``calling``): Dynamo skips ``torch.nn``'s own frames, so a model made of its modules
@@ -188,7 +190,8 @@ class HotCalls:
         self._calls: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
         self._turning: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         #: inside an outermost call of a module that is compiled whole from its next call or
-        #: soon: what is recorded now will not be recorded again (engine.py: not compiled)
+        #: soon, or between a training call and the step that makes its module hot: what is
+        #: recorded now will not be recorded again (engine.py: not compiled)
         self.warming = False
 
     def _before(self, module: torch.nn.Module) -> None:
@@ -216,6 +219,7 @@ class HotCalls:
         gradients (a recorded backward's) must have values to be released with."""
         if not self._turning:
             return
+        self.warming = False  # (what is pending was recorded warming: its trace says so)
         if self.engine.trace.ops:
             self.engine.flush("a module turning hot")
         for module in list(self._turning):
@@ -228,7 +232,11 @@ class HotCalls:
         with self.engine.interrupts:
             self._depth = max(0, self._depth - 1)
             if self._depth == 0:
-                self.warming = False
+                # the rest of a training module's first step (its loss, backward, a gradient
+                # clip) runs hot from the next step on: recorded once, it would compile in the
+                # background only to contend with the eager steps after (measured: the HF
+                # Trainer's warm steps at 3-6x their time while its clip group compiled)
+                self.warming = bool(self._turning)
 
     def refuse(self, module: torch.nn.Module) -> None:
         """Never compile ``module`` whole again (Dynamo failed on it): its calls are recorded."""
