@@ -309,6 +309,42 @@ def test_an_optimizer_adopted_with_its_model_steps_on_plain_state_once_the_model
     assert state and all(type(value) is torch.Tensor for value in state), {type(v) for v in state}
 
 
+def closure_steps(engine: FusionEngine | None) -> tuple[torch.nn.Module, torch.optim.Optimizer, list[float]]:
+    """skorch's way: the optimizer made inside the training call, each step's forward and
+    backward in the step's closure."""
+    torch.manual_seed(0)
+    model = Net(dropout=0.1)
+    losses = []
+    with engine.scope(FuseOptions(hot_training=True)) if engine else contextlib.nullcontext():
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        for _ in range(4):
+            x, y = batch()
+
+            def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                return loss
+
+            losses.append(optimizer.step(closure).item())
+    return model, optimizer, losses
+
+
+def test_an_optimizer_whose_first_step_recorded_its_state_steps_on_plain_state_once_the_model_is_hot() -> (
+    None
+):
+    """The first step runs the model in the closure, so it records the model's first call
+    and the momentum buffers the step makes; from the next step on the model is hot, and its
+    optimizer's state must be plain too, or every step goes through tpunb's wrappers."""
+    strict_model, _, strict_losses = closure_steps(None)
+    model, optimizer, losses = closure_steps(FusionEngine(torch.device("cpu")))
+    assert losses == pytest.approx(strict_losses, rel=1e-5)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, strict_model.state_dict()[name])
+    state = [value for values in optimizer.state.values() for value in values.values()]
+    assert state and all(type(value) is torch.Tensor for value in state), {type(v) for v in state}
+
+
 def test_compiled_in_the_background_and_swapped_in_mid_loop() -> None:
     """As in a notebook: the hot call runs eagerly until its compile pays off, then as captured
     while the worker compiles it, then compiled; neither change alters the losses or the

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils._python_dispatch import _disable_current_modes
 
+from tpunb.fuse.aside import outside_modes
 from tpunb.fuse.deferred import DeferredTensor
 
 if TYPE_CHECKING:
@@ -107,6 +107,13 @@ def swap_in_place(tensor: torch.Tensor, other: torch.Tensor) -> bool:
     return True
 
 
+def plain_state(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer's state tensors are plain (not tpunb's)."""
+    return not any(
+        type(value) is DeferredTensor for state in optimizer.state.values() for value in state.values()
+    )
+
+
 class Adoption:
     """What one engine adopted, and adopting more while its fused scopes run."""
 
@@ -181,7 +188,7 @@ class Adoption:
                     self.modules.discard(module)
             elif isinstance(obj, torch.optim.Optimizer):
                 self.optimizers.discard(obj)
-        with _disable_current_modes():
+        with outside_modes():
             return sum(release_tensor(tensor) for tensor in list(tensors_of(objects)))
 
     def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -207,14 +214,18 @@ class Adoption:
         engine = self.engine
         if engine.trace.ops and any(adoptable(t, engine) for t in tensors_of((obj,))):
             engine.flush(f"adopting a new {type(obj).__name__}")
-        with engine.interrupts, _disable_current_modes():
+        with engine.interrupts, outside_modes():
             self.adopt((obj,))
 
     def release_stepping(self, optimizer: torch.optim.Optimizer) -> None:
         """For a step over plain parameters (their module's calls are compiled whole): the
-        optimizer's adopted state becomes plain again, and its groups get their own settings
-        back, so it steps as strict mode does, eagerly or compiled (hotsteps.py)."""
-        if optimizer in self.optimizers:
+        optimizer's state becomes plain again, and its groups get their own settings back, so
+        it steps as strict mode does, eagerly or compiled (hotsteps.py). Its state is tpunb's
+        where the cell adopted the optimizer, or where a step was recorded before its module
+        turned hot: skorch makes its optimizer inside ``fit`` and runs the forward in the
+        step's closure, so SGD's momentum buffers were recorded, and every step after went
+        through tpunb's wrappers (measured: 1.5 ms a step against strict's 0.8)."""
+        if optimizer in self.optimizers or not plain_state(optimizer):
             self.release((optimizer,))
             self._own_settings(optimizer)
 

@@ -31,7 +31,21 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch._ops import _len_torch_dispatch_stack_pre_dispatch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode
+
+#: What ``outside_modes`` enters when no mode is on either stack.
+_NOTHING_TO_DISABLE = contextlib.nullcontext()
+
+
+def outside_modes() -> contextlib.AbstractContextManager[object]:
+    """torch's ``_disable_current_modes`` (every dispatch mode off the stacks for the block,
+    back after), or nothing where no mode is on them: once the engine's mode has stepped
+    aside, the stacks are empty around a hot call's eager run, and torch's context costs
+    about 7 us each time (its imports and list building), several times a step."""
+    if torch._C._len_torch_dispatch_stack() or _len_torch_dispatch_stack_pre_dispatch():
+        return _disable_current_modes()
+    return _NOTHING_TO_DISABLE
 
 
 class ModeStack:

@@ -17,8 +17,8 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
+from tpunb.fuse.aside import outside_modes
 from tpunb.fuse.ops import facts
 from tpunb.fuse.trace import Ref, TensorMeta, tensor_meta
 
@@ -104,7 +104,7 @@ class DeferredTensor(torch.Tensor):
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         value = self.materialized("repr()")
-        with _disable_current_modes():  # formatting runs ops: they are not the user's work
+        with outside_modes():  # formatting runs ops: they are not the user's work
             text = repr(value)
         return f"Parameter containing:\n{text}" if getattr(self, "_is_param", False) else text
 
@@ -117,7 +117,7 @@ class DeferredTensor(torch.Tensor):
 
     def __deepcopy__(self, memo: dict) -> torch.Tensor:
         value = self.materialized("deepcopy")
-        with _disable_current_modes():
+        with outside_modes():
             value = copy.deepcopy(value, memo)
         if getattr(self, "_is_param", False):
             value = torch.nn.Parameter(value, requires_grad=self.requires_grad)

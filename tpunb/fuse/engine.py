@@ -38,11 +38,11 @@ from types import CodeType, FrameType
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tpunb.events import CompileDone
 from tpunb.fuse.adopt import Adoption
-from tpunb.fuse.aside import ModeStack
+from tpunb.fuse.aside import ModeStack, outside_modes
 from tpunb.fuse.cache import GraphCache, Variant
 from tpunb.fuse.compile_later import donated_buffers_off
 from tpunb.fuse.deferred import DeferredTensor
@@ -252,7 +252,7 @@ class FusionEngine:
         # the group's own ops are not recorded; an interrupt waits until its results are handed
         # out; autocast already chose each recorded op's dtypes, so it must not cast them again
         # (a flush from Python code, not from inside an op: an optimizer hook, a hot call)
-        with self.interrupts, _disable_current_modes(), torch.no_grad(), torch._C._DisableAutocast():
+        with self.interrupts, outside_modes(), torch.no_grad(), torch._C._DisableAutocast():
             trace, self.trace = self.trace, Trace(warming=self.hot.warming)
             request = FlushRequest(reason, locate(sys._getframe(1)), wait)
             try:

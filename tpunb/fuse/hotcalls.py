@@ -87,10 +87,11 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from tpunb.events import FusionGroup, GroupStatus
 from tpunb.fuse.adopt import release_tensor, tensors_of
+from tpunb.fuse.aside import outside_modes
 from tpunb.fuse.compile_later import CompileLater, CountedGraph, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.graph import inductor_compile
@@ -376,7 +377,7 @@ class HotCall:
         engine = self.engine
         args, kwargs = self._plain_arguments(module, args, kwargs)
         started = time.perf_counter()
-        with engine.hot.hooks.lifted(), _disable_current_modes():
+        with engine.hot.hooks.lifted(), outside_modes():
             out = module._call_impl(*args, **kwargs)
         spent = time.perf_counter() - started
         weight = TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0
@@ -397,7 +398,7 @@ class HotCall:
         call_started = time.perf_counter()
         with (
             engine.hot.hooks.lifted(),
-            _disable_current_modes(),
+            outside_modes(),
             compiling_only_if_free(engine.options.sync_compile) as may_compile,
         ):
             out = self._call_through_dynamo(module, now, args, kwargs)
@@ -440,7 +441,7 @@ class HotCall:
         back, and its compile would hold the compile lock Dynamo needs for this call's capture."""
         engine = self.engine
         engine.flush(f"{self.name} call (compiled whole)", warming=True)
-        with engine.interrupts, _disable_current_modes():
+        with engine.interrupts, outside_modes():
             if any(type(t) is DeferredTensor for t in self.tensors):
                 engine.adoption.release((module,))
                 self.tensors = [*module.parameters(), *module.buffers()]

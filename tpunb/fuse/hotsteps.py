@@ -41,9 +41,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
 from tpunb.events import OPTIMIZER_STEP_SUFFIX
+from tpunb.fuse.adopt import plain_state
+from tpunb.fuse.aside import outside_modes
 from tpunb.fuse.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.hotcalls import UNTIL_PAID_FOR, calling, in_fused_scope, publish_eager, publish_whole_call
@@ -185,7 +186,7 @@ class HotStep:
         with (
             engine.hot.hooks.lifted(),
             engine.adoption.step_hook_lifted(),
-            _disable_current_modes(),
+            outside_modes(),
             profiler_notice_hidden(),
             compiling_only_if_free(engine.options.sync_compile) as may_compile,
             versions_counted_per_optimizer(len(self.later.made)),
@@ -255,13 +256,6 @@ def plain_parameters(optimizer: torch.optim.Optimizer) -> bool:
         type(param) is not DeferredTensor and type(param.grad) is not DeferredTensor
         for group in optimizer.param_groups
         for param in group["params"]
-    )
-
-
-def plain_state(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether the optimizer's state tensors are plain (not tpunb's)."""
-    return not any(
-        type(value) is DeferredTensor for state in optimizer.state.values() for value in state.values()
     )
 
 
