@@ -106,6 +106,21 @@ def retaining_step(model, optimizer, step: int) -> float:
     return loss.item()
 
 
+def hand_updated_step(model, optimizer, step: int) -> float:
+    """No optimizer of torch's steps (Keras applies its own updates, a loop from scratch
+    writes them out): the module turns hot at a call once its calls' backward has run."""
+    (x, y), (other, other_labels) = batch(), batch()
+    loss = F.cross_entropy(model(x), y)
+    if step % 2:  # called twice in some steps: the second call's graph is alive at the first's turn
+        loss = loss + F.cross_entropy(model(other), other_labels)
+    loss.backward()
+    with torch.no_grad():
+        for param in model.parameters():
+            param -= 0.1 * param.grad
+            param.grad = None
+    return loss.item()
+
+
 def evaluating_step(model, optimizer, step: int) -> float:
     """A training step, then an evaluation under no_grad in eval mode, then back to train."""
     loss = plain_step(model, optimizer, step)
@@ -290,6 +305,30 @@ def test_a_cell_run_again_does_not_compile_its_new_models_first_step() -> None:
     )
     warming = plan(seen_again_but_warming).reason
     assert all(g.plan == warming for g in recorded), [(g.source, g.plan) for g in recorded]
+
+
+def test_a_loop_that_updates_by_hand_turns_its_model_hot_within_one_cell() -> None:
+    """One scope, as one cell: no optimizer of torch's steps, so no step's pre-hook turns the
+    model hot; it turns at its first call after a backward has run through all of its
+    recorded calls, and from then on records nothing, with strict's answers."""
+    seen = []
+    engine = FusionEngine(torch.device("cpu"), seen.append)
+    results = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model, losses, recorded = Net(dropout=0.1), [], []
+        with engine.scope(FuseOptions(hot_training=True)) if fused else contextlib.nullcontext():
+            for step in range(6):
+                losses.append(hand_updated_step(model, None, step))
+                recorded.append(engine.counts["recorded"])
+        results.append((model, losses, recorded))
+    (strict_model, strict_losses, _), (model, losses, recorded) = results
+    assert losses == pytest.approx(strict_losses, rel=1e-5)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, strict_model.state_dict()[name])
+    assert isinstance(model._compiled_call_impl, HotCall)
+    assert recorded[1] == recorded[-1], recorded  # hot from the second step's call on
+    assert any(g.key == "Net-training" for g in seen if isinstance(g, FusionGroup))
 
 
 def test_an_optimizer_adopted_with_its_model_steps_on_plain_state_once_the_model_is_hot() -> None:

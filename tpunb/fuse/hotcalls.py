@@ -54,15 +54,16 @@ compiled versions per code object, so one shared code object would stop compilin
 model was built a ninth time. Past 8 recompiles of one module (8 input shapes), Dynamo runs
 its calls as they are (with its warning), outside recording, as fast as strict mode.
 
-**Training** (``FuseOptions.hot_training``, on unless ``%tpu_mode fused --no-hot-training``): a
-module called with grad in train mode turns hot the same way, but at
-the next optimizer step (``turn_hot``), when no autograd graph holds its adopted parameters
-any more; its calls then compile through ``compile_later.py``: the captured graph runs at
-once while the compile worker compiles forward and backward, and the compiled code is
-swapped in when ready. The loop around it (a batch drawn, the loss, ``backward()``) runs as
-eager PyTorch, and an optimizer over its now plain parameters steps eagerly, then compiled
-whole (hotsteps.py). Its backward runs as its forward did, on plain tensors outside
-recording (hot_backward.py).
+**Training** (``FuseOptions.hot_training``, on unless ``%tpu_mode fused --no-hot-training``):
+a module called with grad in train mode turns hot the same way, but at the next optimizer step
+(``turn_hot``), when no autograd graph holds its adopted parameters any more, or, where no
+optimizer of torch's steps (Keras, updates written by hand), at its first call after a
+backward has run through all of its recorded calls (``Turning``); its calls then compile
+through ``compile_later.py``: the captured graph runs at once while the compile worker
+compiles forward and backward, and the compiled code is swapped in when ready. The loop around
+it (a batch drawn, the loss, ``backward()``) runs as eager PyTorch, and an optimizer over its
+now plain parameters steps eagerly, then compiled whole (hotsteps.py). Its backward runs as
+its forward did, on plain tensors outside recording (hot_backward.py).
 
 The first hot call compiles synchronously, as compile mode does (seconds; Dynamo compiles
 on the calling thread). A graph Inductor fails to compile runs as Dynamo captured it, op by
@@ -115,6 +116,7 @@ if TYPE_CHECKING:
     from tpunb.fuse.ports import HotPathEngine
 
 ModuleCallback = Callable[[torch.nn.Module], None]
+ModuleReturn = Callable[[torch.nn.Module, Any], None]  # the module, its call's outputs
 #: A module's call count once Dynamo has failed on it: never eligible again.
 REFUSED = -1
 #: How deep into argument objects (a cache, its list of layers, each layer) adopted tensors are looked for.
@@ -130,7 +132,7 @@ class ModuleCallHooks:
     tracing a graph module, a data-loading thread of the user's) is not counted, and nothing of
     the notebook thread's (its dispatch modes, its hot-call depth) is touched from there."""
 
-    def __init__(self, before: ModuleCallback, after: ModuleCallback) -> None:
+    def __init__(self, before: ModuleCallback, after: ModuleReturn) -> None:
         self._before, self._after = before, after
         self._handles: list[Any] = []
         self._installs = 0  # fused scopes may nest; the hooks go in once
@@ -149,7 +151,7 @@ class ModuleCallHooks:
 
     def _after_call(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         if _thread.get_ident() == self._owner:
-            self._after(module)
+            self._after(module, out)
 
     def _remove(self) -> None:
         for handle in self._handles:
@@ -210,26 +212,30 @@ class HotCalls:
         """Whether an outermost module call of a fused scope is under way."""
         return self._depth > 0
 
-    def turn_hot(self) -> None:
-        """Make the modules that became hot for training hot calls, now that no autograd graph
-        uses their adopted parameters: called before an optimizer steps (the step's backward
-        is done) and when a fused scope starts. Not at once: the first hot call releases the
-        parameters (``swap_tensors``), which poisons a graph still holding them (a module
-        called twice in a step, its first call recorded: "AccumulateGrad node that was
-        poisoned by swap_tensors"). What is pending runs first: the parameters and their
-        gradients (a recorded backward's) must have values to be released with."""
-        if not self._turning:
+    def turn_hot(self, only: torch.nn.Module | None = None) -> None:
+        """Make the modules that became hot for training (``only``, or all) hot calls, now
+        that no autograd graph uses their adopted parameters: called before an optimizer
+        steps (the step's backward is done), when a fused scope starts, and at a module's
+        call once a backward has reached it since its last (``Turning``). Not at once: the
+        first hot call releases the parameters (``swap_tensors``), which poisons a graph
+        still holding them (a module called twice in a step, its first call recorded:
+        "AccumulateGrad node that was poisoned by swap_tensors"). What is pending runs first:
+        the parameters and their gradients (a recorded backward's) must have values to be
+        released with."""
+        turning = [only] if only is not None and only in self._turning else list(self._turning)
+        if not turning:
             return
-        self.warming = False  # (what is pending was recorded warming: its trace says so)
+        for module in turning:
+            self._turning.discard(module)
+        self.warming = bool(self._turning)  # (what is pending was recorded warming: its trace says so)
         if self.engine.trace.ops:
             self.engine.flush("a module turning hot")
-        for module in list(self._turning):
-            if module._compiled_call_impl is None:
+        for module in turning:
+            if module._compiled_call_impl is None or isinstance(module._compiled_call_impl, Turning):
                 module._compiled_call_impl = HotCall(self.engine, module)
                 self.engine.adoption.release((module,))
-        self._turning.clear()
 
-    def _after(self, module: torch.nn.Module) -> None:
+    def _after(self, module: torch.nn.Module, out: Any) -> None:
         with self.engine.interrupts:
             self._depth = max(0, self._depth - 1)
             if self._depth == 0:
@@ -238,6 +244,8 @@ class HotCalls:
                 # background only to contend with the eager steps after (measured: the HF
                 # Trainer's warm steps at 3-6x their time while its clip group compiled)
                 self.warming = bool(self._turning)
+                if isinstance(module._compiled_call_impl, Turning):
+                    module._compiled_call_impl.watch(out)
 
     def refuse(self, module: torch.nn.Module) -> None:
         """Never compile ``module`` whole again (Dynamo failed on it): its calls are recorded."""
@@ -256,7 +264,9 @@ class HotCalls:
                 hot_training=options.hot_training,
                 calls=counted + 1,
                 refused=counted == REFUSED,
-                compiled_elsewhere=module._compiled_call_impl is not None,  # by us, or nn.Module.compile
+                # by us, or nn.Module.compile
+                compiled_elsewhere=module._compiled_call_impl is not None
+                and not isinstance(module._compiled_call_impl, Turning),
                 compiles_at_once=compile_pays_off(0.0, options.sync_compile, options.compile_after_s),
             )
         )
@@ -266,9 +276,59 @@ class HotCalls:
         self.warming = True
         self.engine.mark_warming()
         if action is CallAction.HOT_FROM_NEXT_STEP:
-            self._turning.add(module)  # at the next optimizer step: turn_hot
+            self._turning.add(module)  # at the next optimizer step (turn_hot), or call (Turning)
+            if module._compiled_call_impl is None:
+                module._compiled_call_impl = Turning(self.engine, module)
         elif action is CallAction.HOT_FROM_NEXT_CALL:
             module._compiled_call_impl = HotCall(self.engine, module)
+
+
+class Turning:
+    """A training module's call between its first recorded call and the one that runs it
+    whole: the module's own call (recorded), until every recorded call's outputs have had
+    their backward, when no graph holds its parameters any more and it turns hot
+    (``HotCalls.turn_hot``) at once, this call included.
+
+    An optimizer's step turns it hot before that (the step's pre-hook), but not every loop
+    steps one of torch's: Keras applies its own optimizer's updates, and a loop written from
+    scratch updates ``p -= lr * p.grad`` by hand. Their modules stayed recorded to the cell's
+    end (Keras's loop at 0.34x strict, measured). A call whose outputs never get a backward
+    (one detached, a siamese pair's second call) keeps it waiting for an optimizer step."""
+
+    def __init__(self, engine: HotPathEngine, module: torch.nn.Module) -> None:
+        self.engine = engine
+        self.module_ref = weakref.ref(module)
+        self.watched = 0  # recorded calls whose outputs are watched
+        self.unconsumed = 0  # of those, the calls no backward has run through yet
+
+    def watch(self, out: Any) -> None:
+        """After a recorded outermost call: count it until a backward runs through its outputs."""
+        from torch.utils._pytree import tree_leaves
+
+        nodes = [t.grad_fn for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        if not nodes:
+            return
+        self.watched += 1
+        self.unconsumed += 1
+        done = False
+
+        def consumed(*_: Any) -> None:  # (on the thread that runs the backward)
+            nonlocal done
+            if not done:
+                done = True
+                self.unconsumed -= 1
+
+        for node in nodes:
+            node.register_hook(consumed)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.module_ref()  # alive: it is the module being called
+        hot = self.engine.hot
+        if self.watched and not self.unconsumed and not hot.in_call and in_fused_scope(self.engine):
+            hot.turn_hot(module)
+            if isinstance(module._compiled_call_impl, HotCall):
+                return module._compiled_call_impl(*args, **kwargs)
+        return module._call_impl(*args, **kwargs)
 
 
 def left_to_adopt(objects: tuple[Any, ...]) -> tuple[Any, ...]:
