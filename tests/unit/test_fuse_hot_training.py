@@ -331,6 +331,39 @@ def test_a_loop_that_updates_by_hand_turns_its_model_hot_within_one_cell() -> No
     assert any(g.key == "Net-training" for g in seen if isinstance(g, FusionGroup))
 
 
+def test_a_scope_per_step_leaves_no_garbage_for_the_collector() -> None:
+    """A cell per step (and the model suite's harness) opens a fused scope each step: what a
+    scope, a recorded group, a hot call and a hot step make must be freed as they go out of
+    use. Reference cycles (torch's ``config.patch`` defines a class per call; a recursive
+    closure) wait for the collector, which then ran within the steps: 0.25 ms of a tiny
+    BERT's 1.8 ms step, measured."""
+    import gc
+
+    engine = FusionEngine(torch.device("cpu"))
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scale = torch.ones(4)
+    for step in range(STEPS):  # until the call and the step are compiled and hit
+        with engine.scope(SYNC, adopt=(model, optimizer)):
+            plain_step(model, optimizer, step)
+            (scale * 2).sum().item()  # a recorded group too
+    gc.collect()
+    debug = gc.get_debug()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for step in range(5):
+            with engine.scope(SYNC):
+                plain_step(model, optimizer, step)
+                (scale * 2).sum().item()
+        gc.collect()
+        cyclic = [type(item).__name__ for item in gc.garbage]
+    finally:
+        gc.set_debug(debug)
+        gc.garbage.clear()
+    assert not cyclic, cyclic
+
+
 def test_an_optimizer_adopted_with_its_model_steps_on_plain_state_once_the_model_is_hot() -> None:
     """A cell adopts the notebook's model and optimizer as it starts; the model's first call is
     recorded, and it turns hot at the optimizer's first step. Releasing its parameters there

@@ -26,7 +26,7 @@ import torch
 
 from tpunb.fuse.cache import Compiled, GraphCache, Variant, VariantState
 from tpunb.fuse.disk_cache import rebuild_torn_binaries
-from tpunb.fuse.workarounds import skip_dynamo_in
+from tpunb.fuse.workarounds import config_values, skip_dynamo_in
 
 
 def autograd_as_eager() -> contextlib.AbstractContextManager[Any]:
@@ -47,14 +47,12 @@ def autograd_as_eager() -> contextlib.AbstractContextManager[Any]:
     return config.patch({name: value for name, value in wanted.items() if hasattr(config, name)})
 
 
-def donated_buffers_off() -> contextlib.AbstractContextManager[Any]:
+def donated_buffers_off() -> contextlib.AbstractContextManager[None]:
     """For a fused scope: a hot training call's backward runs with AOTAutograd's donated
     buffers off, as it was compiled (``autograd_as_eager``), so ``retain_graph`` works."""
     from torch._functorch import config
 
-    return (
-        config.patch(donated_buffer=False) if hasattr(config, "donated_buffer") else contextlib.nullcontext()
-    )
+    return config_values(config, donated_buffer=False)
 
 
 class GraphRuns:

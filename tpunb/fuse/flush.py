@@ -293,25 +293,28 @@ def replay(
 def _last_uses(ops: Sequence[OpRecord], outputs: Sequence[Node]) -> dict[int, list[int]]:
     """op index -> the earlier ops whose results are not needed after it (outputs are kept)."""
     last: dict[int, int] = {index: index for index in range(len(ops))}
-
-    def mark(value: Any, user: int) -> None:
-        if type(value) is Node:
-            last[value.op] = user
-        elif type(value) is tuple:
-            for item in value:
-                mark(item, user)
-
     for index, op in enumerate(ops):
         for value in op.args:
-            mark(value, index)
+            _mark_use(value, index, last)
         for value in op.kwargs.values():
-            mark(value, index)
+            _mark_use(value, index, last)
     for ref in outputs:
         last.pop(ref.op, None)
     freed: dict[int, list[int]] = {}
     for producer, user in last.items():
         freed.setdefault(user, []).append(producer)
     return freed
+
+
+def _mark_use(value: Any, user: int, last: dict[int, int]) -> None:
+    """``user`` reads the ops ``value`` refers to: their last use so far. (A function of the
+    module's: a recursive closure is a reference cycle, garbage only the collector frees, and
+    the collector then runs within a later step.)"""
+    if type(value) is Node:
+        last[value.op] = user
+    elif type(value) is tuple:
+        for item in value:
+            _mark_use(item, user, last)
 
 
 def hand_out(results: PendingResults, values: list[torch.Tensor], settled: bool) -> None:

@@ -50,6 +50,7 @@ from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.hotcalls import UNTIL_PAID_FOR, calling, in_fused_scope, publish_eager, publish_whole_call
 from tpunb.fuse.payoff import Payoff
 from tpunb.fuse.plan import StepAction, StepFacts, plan_step
+from tpunb.fuse.workarounds import config_values
 from tpunb.fuse.worker import compiling_only_if_free
 
 if TYPE_CHECKING:
@@ -244,7 +245,9 @@ def versions_counted_per_optimizer(made: int) -> Iterator[None]:
 
     limit = config.recompile_limit
     with contextlib.ExitStack() as stack:
-        stack.enter_context(config.patch(recompile_limit=max(limit, config.accumulated_recompile_limit)))
+        stack.enter_context(
+            config_values(config, recompile_limit=max(limit, config.accumulated_recompile_limit))
+        )
         if made >= limit:
             stack.enter_context(torch.compiler.set_stance("eager_on_recompile"))
         yield
