@@ -25,9 +25,8 @@ from torch.utils.checkpoint import checkpoint
 
 from tpunb.events import EventBus, FusionGroup
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
-from tpunb.fuse.cache import VariantState
 from tpunb.fuse.hotcalls import UNTIL_PAID_FOR, HotCall
-from tpunb.fuse.plan import HOT_AFTER, GroupFacts, Regime, plan
+from tpunb.fuse.plan import HOT_AFTER, WARMING, Regime
 
 STEPS = HOT_AFTER + 4
 SYNC = FuseOptions(sync_compile=True, hot_training=True)
@@ -294,17 +293,7 @@ def test_a_cell_run_again_does_not_compile_its_new_models_first_step() -> None:
                 logging_clipped_step(model, optimizer, step)
     recorded = [g for g in seen if isinstance(g, FusionGroup) and not g.whole_call]
     assert len(recorded) >= 4, [g.source for g in recorded]  # the call's group and the clip's, twice
-    seen_again_but_warming = GroupFacts(
-        state=VariantState.SEEN,
-        sightings=2,
-        repeat=True,
-        warming=True,
-        tiny=False,
-        storming=False,
-        sync_compile=False,
-    )
-    warming = plan(seen_again_but_warming).reason
-    assert all(g.plan == warming for g in recorded), [(g.source, g.plan) for g in recorded]
+    assert all(g.plan == WARMING for g in recorded), [(g.source, g.plan) for g in recorded]
 
 
 def test_a_loop_that_updates_by_hand_turns_its_model_hot_within_one_cell() -> None:

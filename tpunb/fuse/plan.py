@@ -45,6 +45,10 @@ COMPARED_RUNS = 8
 TRAINING_STEP_PER_FORWARD = 3.0
 
 
+#: A warming group's reason: recorded where the next runs are a hot call's or step's.
+WARMING = "recorded in a module call about to be compiled whole"
+
+
 class Action(StrEnum):
     RUN_COMPILED = "run compiled"
     REPLAY = "replay"  # op by op, as strict mode runs them
@@ -96,7 +100,7 @@ def plan(facts: GroupFacts) -> Decision:
     if facts.state is VariantState.FAILED:
         return Decision(Action.REPLAY, "its compile failed, or compiling is off")
     if facts.warming:
-        return Decision(Action.REPLAY, "recorded in a module call about to be compiled whole")
+        return Decision(Action.REPLAY, WARMING)
     if facts.tiny:
         return Decision(Action.REPLAY, "tiny: op by op costs less than a compile would ever repay")
     compile_now = Action.COMPILE_AND_WAIT if facts.sync_compile else Action.COMPILE_IN_BACKGROUND
