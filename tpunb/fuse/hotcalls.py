@@ -222,12 +222,14 @@ class HotCalls:
         "AccumulateGrad node that was poisoned by swap_tensors"). What is pending runs first:
         the parameters and their gradients (a recorded backward's) must have values to be
         released with."""
-        turning = [only] if only is not None and only in self._turning else list(self._turning)
-        if not turning:
-            return
+        turning = [m for m in self._turning if only is None or m is only]
         for module in turning:
             self._turning.discard(module)
-        self.warming = bool(self._turning)  # (what is pending was recorded warming: its trace says so)
+        # (what is pending was recorded warming: its trace says so; and a module that turned
+        # and was freed since has left the set, so a scope starts warming only for those left)
+        self.warming = bool(self._turning)
+        if not turning:
+            return
         if self.engine.trace.ops:
             self.engine.flush("a module turning hot")
         for module in turning:
