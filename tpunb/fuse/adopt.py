@@ -217,17 +217,21 @@ class Adoption:
         with engine.interrupts, outside_modes():
             self.adopt((obj,))
 
-    def release_stepping(self, optimizer: torch.optim.Optimizer) -> None:
+    def release_stepping(self, optimizer: torch.optim.Optimizer) -> bool:
         """For a step over plain parameters (their module's calls are compiled whole): the
         optimizer's state becomes plain again, and its groups get their own settings back, so
         it steps as strict mode does, eagerly or compiled (hotsteps.py). Its state is tpunb's
         where the cell adopted the optimizer, or where a step was recorded before its module
         turned hot: skorch makes its optimizer inside ``fit`` and runs the forward in the
         step's closure, so SGD's momentum buffers were recorded, and every step after went
-        through tpunb's wrappers (measured: 1.5 ms a step against strict's 0.8)."""
-        if optimizer in self.optimizers or not plain_state(optimizer):
-            self.release((optimizer,))
-            self._own_settings(optimizer)
+        through tpunb's wrappers (measured: 1.5 ms a step against strict's 0.8). Returns
+        whether its state is plain now (a value still pending is not released yet); the
+        common case, a plain state not adopted, walks the state once."""
+        if optimizer not in self.optimizers and plain_state(optimizer):
+            return True
+        self.release((optimizer,))
+        self._own_settings(optimizer)
+        return plain_state(optimizer)
 
     def _own_settings(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer``'s groups back to their own foreach and fused settings (``_use_foreach``

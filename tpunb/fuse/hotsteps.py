@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tpunb.events import OPTIMIZER_STEP_SUFFIX
-from tpunb.fuse.adopt import plain_state
 from tpunb.fuse.aside import outside_modes
 from tpunb.fuse.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
@@ -173,8 +172,7 @@ class HotStep:
         its state plain or made so (a fused cell adopts the notebook's optimizers as it starts)."""
         if not plain_parameters(optimizer):
             return False
-        self.engine.adoption.release_stepping(optimizer)
-        return plain_state(optimizer)
+        return self.engine.adoption.release_stepping(optimizer)
 
     def _run_compiled(self, optimizer: torch.optim.Optimizer) -> Any:
         from torch._dynamo.exc import InternalTorchDynamoError, TorchRuntimeError
