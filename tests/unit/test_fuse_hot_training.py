@@ -320,6 +320,37 @@ def test_a_loop_that_updates_by_hand_turns_its_model_hot_within_one_cell() -> No
     assert any(g.key == "Net-training" for g in seen if isinstance(g, FusionGroup))
 
 
+def test_a_loss_module_between_hot_calls_runs_as_the_same_function_would() -> None:
+    """A loop whose loss is a module (ignite's, skorch's ``nn.CrossEntropyLoss()``) runs as one
+    that calls ``F.cross_entropy``: the loss module holds no tensors, so it never turns hot (a
+    hot call's wrapper cost more than the loss) and, called between hot calls, does not bring
+    the engine's mode back; the answers are strict's."""
+    engine = FusionEngine(torch.device("cpu"))
+    results = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model, criterion = Net(dropout=0.1), torch.nn.CrossEntropyLoss()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses, aside = [], []
+        with engine.scope(FuseOptions(hot_training=True)) if fused else contextlib.nullcontext():
+            for _ in range(5):
+                x, y = batch()
+                loss = criterion(model(x), y)
+                aside.append(engine.modes.stepped_aside)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+        results.append((model, criterion, losses, aside))
+    (strict_model, _, strict_losses, _), (model, criterion, losses, aside) = results
+    assert losses == pytest.approx(strict_losses, rel=1e-5)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, strict_model.state_dict()[name])
+    assert isinstance(model._compiled_call_impl, HotCall)
+    assert criterion._compiled_call_impl is None
+    assert aside[1:] == [True] * 4, aside  # from the model's first hot call on
+
+
 def made_by_scope_or_step(item: object) -> bool:
     """Garbage of tpunb's code (a closure of its own), or of torch's ``config.patch`` (a
     class per call)."""

@@ -72,6 +72,7 @@ def test_every_rule_of_when_a_group_compiles(group: GroupFacts, action: Action) 
 
 TRAINING_CALL = CallFacts(
     regime=Regime.TRAINING,
+    holds_tensors=True,
     compile=True,
     hot_training=True,
     calls=1,
@@ -98,6 +99,8 @@ def call(**changes) -> CallFacts:
         (call(calls=HOT_AFTER, compile=False), CallAction.RECORD),
         (call(calls=HOT_AFTER, refused=True), CallAction.RECORD),  # Dynamo failed on it
         (call(calls=HOT_AFTER, compiled_elsewhere=True), CallAction.RECORD),  # nn.Module.compile
+        (call(calls=HOT_AFTER, holds_tensors=False), CallAction.RECORD),  # a loss module
+        (call(compiles_at_once=False, holds_tensors=False, regime=Regime.INFERENCE), CallAction.RECORD),
         # hot from the first call where a hot call runs eagerly until its compile pays off
         (call(compiles_at_once=False), CallAction.HOT_FROM_NEXT_STEP),
         (call(compiles_at_once=False, regime=Regime.INFERENCE), CallAction.HOT_FROM_NEXT_CALL),

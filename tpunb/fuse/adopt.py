@@ -125,9 +125,13 @@ class Adoption:
         self._switched: list[tuple[dict[str, Any], bool | None, bool | None]] = []
         self._active = False
         self._step_hook: Any = None  # the optimizer step pre-hook, while a scope is active
+        #: calls of ``adopt`` so far: a hot call whose module's tensors were plain at the last one
+        #: need not look again (only adopting makes a plain tensor tpunb's)
+        self.adoptions = 0
 
     def adopt(self, objects: tuple[Any, ...]) -> int:
         """Adopt ``objects`` (modules, optimizers, tensors); returns how many tensors were swapped."""
+        self.adoptions += 1
         for obj in objects:
             if isinstance(obj, torch.nn.Module):
                 self.modules.update(obj.modules())

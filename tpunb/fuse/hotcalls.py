@@ -171,16 +171,26 @@ class ModuleCallHooks:
             if self._installs == 0:
                 self._remove()
 
-    @contextlib.contextmanager
-    def lifted(self) -> Iterator[None]:
+    def lifted(self) -> _Lifted:
         """Without tpunb's hooks for the duration (none are lost: they come back after)."""
-        installed = bool(self._handles)
-        self._remove()
-        try:
-            yield
-        finally:
-            if installed:
-                self._register()
+        return _Lifted(self)
+
+
+class _Lifted:
+    """``ModuleCallHooks.lifted``'s context: a class, not a generator (every hot call enters
+    one; contextlib's costs a few microseconds more)."""
+
+    def __init__(self, hooks: ModuleCallHooks) -> None:
+        self.hooks = hooks
+        self.installed = False
+
+    def __enter__(self) -> None:
+        self.installed = bool(self.hooks._handles)
+        self.hooks._remove()
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.installed:
+            self.hooks._register()
 
 
 class HotCalls:
@@ -190,6 +200,8 @@ class HotCalls:
         self.engine = engine
         self.hooks = ModuleCallHooks(self._before, self._after)
         self._depth = 0
+        #: calls under way that pass through (``holds_tensors``): a loss module called between hot calls
+        self._passing = 0
         self._calls: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
         self._turning: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         #: inside an outermost call of a module that is compiled whole from its next call or
@@ -198,6 +210,9 @@ class HotCalls:
         self.warming = False
 
     def _before(self, module: torch.nn.Module) -> None:
+        if self._depth == 0 and self.engine.modes.stepped_aside and not holds_tensors(module):
+            self._passing += 1  # holds_tensors: it passes through
+            return
         # (an interrupt waits for the hooks: one between counting and the depth's update would
         # leave the depth off for good, and no module would turn hot again: interrupts.py)
         with self.engine.interrupts:
@@ -222,6 +237,9 @@ class HotCalls:
         "AccumulateGrad node that was poisoned by swap_tensors"). What is pending runs first:
         the parameters and their gradients (a recorded backward's) must have values to be
         released with."""
+        if not self._turning:  # (every optimizer step asks: iterating a WeakSet costs more)
+            self.warming = False
+            return
         turning = [m for m in self._turning if only is None or m is only]
         for module in turning:
             self._turning.discard(module)
@@ -238,6 +256,9 @@ class HotCalls:
                 self.engine.adoption.release((module,))
 
     def _after(self, module: torch.nn.Module, out: Any) -> None:
+        if self._depth == 0 and self._passing:  # (calls end in the order opposite to their start)
+            self._passing -= 1
+            return
         with self.engine.interrupts:
             self._depth = max(0, self._depth - 1)
             if self._depth == 0:
@@ -262,6 +283,7 @@ class HotCalls:
         action = plan_call(
             CallFacts(
                 regime=regime(module),
+                holds_tensors=holds_tensors(module),
                 compile=options.compile,
                 hot_training=options.hot_training,
                 calls=counted + 1,
@@ -368,6 +390,22 @@ def left_to_adopt(objects: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(left)
 
 
+def holds_tensors(module: torch.nn.Module) -> bool:
+    """Whether ``module`` (or a submodule) has parameters or buffers.
+
+    One that has none (a loss, an activation) *passes through*: called between hot calls, with
+    the engine's mode stepped aside, it runs as it is, as the same code written as a function
+    (``F.cross_entropy``) would, without bringing the mode back; in a fused scope's recording
+    its ops are recorded, and it never turns hot itself (plan.py). A hot call of its own cost
+    more than the loss it computes (measured: ignite's loop, whose loss is an
+    ``nn.CrossEntropyLoss``, at 0.85x strict)."""
+    return (
+        any(tensor is not None for tensor in module._parameters.values())
+        or any(tensor is not None for tensor in module._buffers.values())
+        or any(holds_tensors(child) for child in module._modules.values() if child is not None)
+    )
+
+
 def regime(module: torch.nn.Module) -> Regime | None:
     """Which hot regime a call of ``module`` is in now: no grad in eval mode (inference), grad
     in train mode (training); None for the mixes (a frozen-statistics fine-tune, say), which
@@ -397,6 +435,7 @@ class HotCall:
         self._compiled: dict[Regime, Callable[..., Any]] = {}  # made at the first compiled call
         self.payoff = {now: Payoff() for now in Regime}  # its eager and compiled runs' times
         self.tensors = [*module.parameters(), *module.buffers()]
+        self._plain_since = -1  # the count of adoptions when its tensors were last seen plain
         self.called: set[Regime] = set()  # the regimes it has run compiled in
 
     def compiled(self, now: Regime) -> Callable[..., Any]:
@@ -503,10 +542,17 @@ class HotCall:
         back, and its compile would hold the compile lock Dynamo needs for this call's capture."""
         engine = self.engine
         engine.flush(f"{self.name} call (compiled whole)", warming=True)
+        adoption = engine.adoption
+        if self._plain_since != adoption.adoptions:  # adopted since its tensors were last plain
+            with engine.interrupts, outside_modes():
+                if any(type(t) is DeferredTensor for t in self.tensors):
+                    adoption.release((module,))
+                    self.tensors = [*module.parameters(), *module.buffers()]
+            if not any(type(t) is DeferredTensor for t in self.tensors):
+                self._plain_since = adoption.adoptions
+        if all(type(v) in PLAIN_KINDS for v in args) and all(type(v) in PLAIN_KINDS for v in kwargs.values()):
+            return args, kwargs  # (the usual call: a batch of plain tensors)
         with engine.interrupts, outside_modes():
-            if any(type(t) is DeferredTensor for t in self.tensors):
-                engine.adoption.release((module,))
-                self.tensors = [*module.parameters(), *module.buffers()]
             seen: set[int] = set()
             return plain_values(engine, args, seen), plain_values(engine, kwargs, seen)
 
@@ -696,6 +742,10 @@ def inductor_or_eager(graph: torch.fx.GraphModule, example_inputs: list[Any]) ->
             stacklevel=2,
         )
         return graph.forward
+
+
+#: What a hot call's argument may be to be handed to the call as it is.
+PLAIN_KINDS = frozenset({torch.Tensor, int, float, bool, str, type(None)})
 
 
 def plain_values(engine: HotPathEngine, value: Any, seen: set[int], depth: int = 0) -> Any:

@@ -154,17 +154,19 @@ class HotStep:
             or not in_fused_scope(engine)
             or not (options.compile and options.hot_training)
             or engine.trace.ops
-            or not self._made_plain(optimizer)
         ):
             return self.previous(*args, **kwargs)
         if not self.payoff.compiles_now(
             self._compiled is not None, options.sync_compile, options.compile_after_s
         ):
+            # as strict mode steps: its pre-hook makes the state plain and steps aside (adopt.py)
             started = time.perf_counter()
-            out = self.previous(*args, **kwargs)  # as strict mode steps (its pre-hook steps aside)
+            out = self.previous(*args, **kwargs)
             if self.payoff.ran_eagerly(time.perf_counter() - started):  # one row says why
                 publish_eager(engine, self.name + OPTIMIZER_STEP_SUFFIX, started, UNTIL_PAID_FOR)
             return out
+        if not self._made_plain(optimizer):
+            return self.previous(*args, **kwargs)
         return self._run_compiled(optimizer)
 
     def _made_plain(self, optimizer: torch.optim.Optimizer) -> bool:

@@ -136,6 +136,7 @@ class CallFacts:
     """What ``plan_call`` needs to know about one outermost module call in a fused scope."""
 
     regime: Regime | None  # None: a mix (no grad in train mode, say), which stays recorded
+    holds_tensors: bool  # it has parameters or buffers (not a loss, an activation)
     compile: bool  # FuseOptions.compile
     hot_training: bool  # FuseOptions.hot_training
     calls: int  # its outermost calls in fused scopes so far, this one included
@@ -155,11 +156,15 @@ def plan_call(facts: CallFacts) -> CallAction:
 
     A training call turns hot at the next optimizer step (or scope start), not at once: making
     it hot releases its adopted parameters, which would poison the autograd graph of a call
-    recorded earlier in the same step."""
+    recorded earlier in the same step. A module that holds no tensors (a loss, an activation)
+    is code like any other: whether a loop calls ``nn.CrossEntropyLoss()`` or
+    ``F.cross_entropy`` must not matter, and a hot call of its own (its wrapper, its timing)
+    cost more than the loss itself (hotcalls.py's ``holds_tensors``)."""
     regime_counts = facts.regime is Regime.INFERENCE or (
         facts.regime is Regime.TRAINING and facts.hot_training
     )
-    if not facts.compile or not regime_counts or facts.compiled_elsewhere or facts.refused:
+    counts = facts.compile and regime_counts and facts.holds_tensors
+    if not counts or facts.compiled_elsewhere or facts.refused:
         return CallAction.RECORD
     if facts.calls < (HOT_AFTER if facts.compiles_at_once else 1):
         return CallAction.WARM
