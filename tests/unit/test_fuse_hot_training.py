@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from tpunb.events import EventBus, FusionGroup
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
 from tpunb.fuse.hotcalls import UNTIL_PAID_FOR, HotCall
+from tpunb.fuse.hotcode import architecture
 from tpunb.fuse.plan import HOT_AFTER, WARMING, Regime
 
 STEPS = HOT_AFTER + 4
@@ -349,6 +350,37 @@ def test_a_loss_module_between_hot_calls_runs_as_the_same_function_would() -> No
     assert isinstance(model._compiled_call_impl, HotCall)
     assert criterion._compiled_call_impl is None
     assert aside[1:] == [True] * 4, aside  # from the model's first hot call on
+
+
+def test_a_model_built_again_runs_the_code_its_predecessor_compiled() -> None:
+    """A set-up cell run again builds a new model of the same architecture: its training calls
+    run compiled from its first hot call, on the code the first model's compile made (no
+    capture, no compile, nothing to pay off first), with strict's answers; the first model is
+    freed (the code does not hold it); another architecture gets code of its own."""
+    import gc
+    import weakref
+
+    from torch._dynamo.utils import counters
+
+    engine = FusionEngine(torch.device("cpu"))
+    first = run(CASES["dropout"][0], plain_step, engine)[0]  # compiled at once (SYNC)
+    freed = weakref.ref(first)
+    del first
+    gc.collect()
+    assert freed() is None
+    graphs = counters["stats"]["unique_graphs"]
+    rebuilt = run(CASES["dropout"][0], plain_step, engine, FuseOptions(hot_training=True))
+    assert counters["stats"]["unique_graphs"] == graphs  # nothing captured again
+    assert_same_training(run(CASES["dropout"][0], plain_step, None), rebuilt)
+    hot = rebuilt[0]._compiled_call_impl
+    assert Regime.TRAINING in hot.called and hot.payoff[Regime.TRAINING].eager_runs == 0
+    wider = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    assert_same_training(
+        run(lambda: copy.deepcopy(wider), plain_step, None),
+        run(lambda: copy.deepcopy(wider), plain_step, engine),
+    )
+    assert counters["stats"]["unique_graphs"] > graphs  # captured for itself
+    assert engine.hot.codes.get(architecture(wider), Regime.TRAINING) is not hot.code(Regime.TRAINING)
 
 
 def made_by_scope_or_step(item: object) -> bool:

@@ -19,7 +19,7 @@ from benchmarks.generate import build, generate_call
 from tpunb.events import OPTIMIZER_STEP_SUFFIX, EventBus, GroupStatus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
 from tpunb.fuse.hotcalls import HotCall
-from tpunb.fuse.plan import HOT_AFTER
+from tpunb.fuse.plan import HOT_AFTER, Regime
 from tpunb.fuse.worker import COMPILER_BUSY
 
 # groups compile in the background, hot calls and steps from their first hot run: as in a notebook
@@ -323,7 +323,7 @@ def test_a_module_dynamo_fails_on_is_recorded_from_then_on(monkeypatch):
     with engine.scope(BACKGROUND, adopt=(model,)), torch.no_grad():
         for _ in range(HOT_AFTER):
             model(x)
-        monkeypatch.setattr(model._compiled_call_impl, "_compiled", {"inference": broken, "training": broken})
+        monkeypatch.setattr(model._compiled_call_impl.code(Regime.INFERENCE), "compiled", broken)
         with pytest.warns(RuntimeWarning, match="dynamo exploded"), pytest.raises(InternalTorchDynamoError):
             model(x)
         recorded = engine.counts["recorded"] + engine.counts["followed"]

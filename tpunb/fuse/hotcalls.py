@@ -47,12 +47,12 @@ keep the compile worker busy, and a ``generate()`` call would count them. A trai
 first step is warming to its end (its loss, backward and gradient clip too), until the
 optimizer step that makes the module hot.
 
-Every hot module's compiled call starts in a small frame of tpunb's with a code object of its
-own (``calling``): Dynamo skips ``torch.nn``'s own frames, so a model made of its modules
-would never compile from ``_call_impl``, and Dynamo keeps at most ``recompile_limit`` (8)
-compiled versions per code object, so one shared code object would stop compiling after a
-model was built a ninth time. Past 8 recompiles of one module (8 input shapes), Dynamo runs
-its calls as they are (with its warning), outside recording, as fast as strict mode.
+A hot call's compiled code is its architecture's (hotcode.py): a model built again (a set-up
+cell run again) runs what its predecessor compiled, from its first hot call, with no capture.
+It starts in a small frame of tpunb's with a code object per architecture (``calling``):
+Dynamo skips ``torch.nn``'s own frames, so a model made of its modules would never compile
+from ``_call_impl``. Past 8 recompiles of one architecture (8 input shapes), Dynamo runs its
+calls as they are (with its warning), outside recording, as fast as strict mode.
 
 **Training** (``FuseOptions.hot_training``, on unless ``%tpu_mode fused --no-hot-training``):
 a module called with grad in train mode turns hot the same way, but at the next optimizer step
@@ -80,7 +80,6 @@ from __future__ import annotations
 
 import _thread
 import contextlib
-import itertools
 import time
 import warnings
 import weakref
@@ -93,10 +92,9 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from tpunb.events import FusionGroup, GroupStatus
 from tpunb.fuse.adopt import release_tensor, tensors_of
 from tpunb.fuse.aside import outside_modes
-from tpunb.fuse.compile_later import CompileLater, CountedGraph, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.graph import inductor_compile
 from tpunb.fuse.hot_backward import backward_as_forward, next_node_number
+from tpunb.fuse.hotcode import HotCode, HotCodes, architecture
 from tpunb.fuse.payoff import Payoff
 from tpunb.fuse.plan import (
     COMPILE_COST_S,
@@ -199,6 +197,7 @@ class HotCalls:
     def __init__(self, engine: HotPathEngine) -> None:
         self.engine = engine
         self.hooks = ModuleCallHooks(self._before, self._after)
+        self.codes = HotCodes(engine)  # compiled calls, by architecture (hotcode.py)
         self._depth = 0
         #: calls under way that pass through (``holds_tensors``): a loss module called between hot calls
         self._passing = 0
@@ -428,33 +427,22 @@ class HotCall:
         self.engine = engine
         self.module_ref = weakref.ref(module)
         self.name = type(module).__name__
-        self.runs = GraphRuns()
-        self.later = CompileLater(
-            engine.cache, f"{self.name}-training", lambda: engine.options.sync_compile, self.runs
-        )
-        self._compiled: dict[Regime, Callable[..., Any]] = {}  # made at the first compiled call
+        self.architecture = architecture(module)  # whose compiled code it runs (hotcode.py)
         self.payoff = {now: Payoff() for now in Regime}  # its eager and compiled runs' times
         self.tensors = [*module.parameters(), *module.buffers()]
         self._plain_since = -1  # the count of adoptions when its tensors were last seen plain
         self.called: set[Regime] = set()  # the regimes it has run compiled in
 
-    def compiled(self, now: Regime) -> Callable[..., Any]:
-        """The module's call through Dynamo in regime ``now``, made when first needed: a module
-        whose compile never pays off never imports Dynamo's machinery."""
-        if now not in self._compiled:
-            module, runs = self.module_ref(), self.runs
+    def code(self, now: Regime) -> HotCode:
+        """Its architecture's compiled call in regime ``now`` (hotcode.py)."""
+        return self.engine.hot.codes.made(self.architecture, now, self.name)
 
-            def inductor_counted(graph: torch.fx.GraphModule, examples: list[Any]) -> Callable[..., Any]:
-                return CountedGraph(inductor_or_eager(graph, examples), runs)
-
-            self._compiled[now] = (
-                torch.compile(calling(module._call_impl), backend=inductor_counted)
-                if now is Regime.INFERENCE
-                # static shapes: the worker compiles after Dynamo has installed its guards, so
-                # the compile must not add shape guards of its own
-                else torch.compile(calling(module._call_impl), backend=self.later, dynamic=False)
-            )
-        return self._compiled[now]
+    def _compiled_before(self, now: Regime) -> bool:
+        """Whether it, or a module of its architecture, has run compiled in regime ``now``."""
+        if now in self.called:
+            return True
+        code = self.engine.hot.codes.get(self.architecture, now)
+        return code is not None and code.ran_compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module_ref()  # alive: it is the module being called
@@ -463,7 +451,7 @@ class HotCall:
         if not runs_whole(now, in_fused_scope(self.engine), options.compile, options.hot_training):
             return module._call_impl(*args, **kwargs)
         if not self.payoff[now].compiles_now(
-            now in self.called, options.sync_compile, options.compile_after_s
+            self._compiled_before(now), options.sync_compile, options.compile_after_s
         ):
             return self._run_eager(module, args, kwargs, now)
         return self._run_compiled(module, args, kwargs, now)
@@ -494,7 +482,8 @@ class HotCall:
         engine = self.engine
         started = time.perf_counter()
         args, kwargs = self._plain_arguments(module, args, kwargs)
-        graphs, runs = counters["stats"]["unique_graphs"], self.runs.count
+        code = self.code(now)
+        graphs, runs = counters["stats"]["unique_graphs"], code.runs.count
         first_node = next_node_number()
         call_started = time.perf_counter()
         with (
@@ -502,17 +491,18 @@ class HotCall:
             outside_modes(),
             compiling_only_if_free(engine.options.sync_compile) as may_compile,
         ):
-            out = self._call_through_dynamo(module, now, args, kwargs)
+            out = self._call_through_dynamo(module, code, args, kwargs)
         call_s = time.perf_counter() - call_started
         compiled = counters["stats"]["unique_graphs"] - graphs
         # Dynamo ran it as it is: past its recompile limit, or the worker held the compiler
-        uncompiled = self.runs.count == runs
+        uncompiled = code.runs.count == runs
         if may_compile:
-            if uncompiled and not compiled and now not in self.called:
+            if uncompiled and not compiled and not self._compiled_before(now):
                 self._refused_at_first_call(module)
             self.called.add(now)
+            code.ran_compiled = code.ran_compiled or not uncompiled
         training = now is Regime.TRAINING
-        compiling = training and self.later.compiling
+        compiling = code.compiling
         publish_whole_call(
             engine,
             key=self.key(now),
@@ -522,7 +512,7 @@ class HotCall:
             uncompiled=uncompiled,
             compiling=compiling,
             may_compile=may_compile,
-            code=getattr(self.compiled(now), "__wrapped__", None),
+            code=getattr(code.compiled, "__wrapped__", None),
             compile_in_call=not training,
         )
         payoff = self.payoff[now]
@@ -557,7 +547,7 @@ class HotCall:
             return plain_values(engine, args, seen), plain_values(engine, kwargs, seen)
 
     def _call_through_dynamo(
-        self, module: torch.nn.Module, now: Regime, args: tuple, kwargs: dict[str, Any]
+        self, module: torch.nn.Module, code: HotCode, args: tuple, kwargs: dict[str, Any]
     ) -> Any:
         """The compiled call. A user's error Dynamo met while tracing is raised again by the call
         as it is, at the user's line; a failure of Dynamo's own refuses the module (recorded
@@ -565,7 +555,7 @@ class HotCall:
         from torch._dynamo.exc import InternalTorchDynamoError, TorchRuntimeError
 
         try:
-            return self.compiled(now)(*args, **kwargs)
+            return code.compiled(module, *args, **kwargs)
         except TorchRuntimeError:
             return module._call_impl(*args, **kwargs)
         except InternalTorchDynamoError as error:
@@ -706,42 +696,6 @@ def publish_eager(engine: HotPathEngine, key: str, started: float, reason: str) 
         code=None,
         reason=reason,
     )
-
-
-def calling(call_impl: Callable[..., Any]) -> Callable[..., Any]:
-    """A frame of tpunb's around a module's ``_call_impl``, for Dynamo to start from, with a
-    code object of its own.
-
-    A compiled ``_call_impl`` itself is a frame of ``torch.nn``, which Dynamo skips, so a model
-    made of ``torch.nn``'s own modules (an ``nn.Sequential`` of layers) was never compiled;
-    from this frame Dynamo inlines ``_call_impl``, the module's forward and its submodules.
-    And Dynamo keeps at most ``recompile_limit`` (8) compiled versions per code object: with
-    one code object for every hot module, a notebook that built its model a ninth time (a
-    set-up cell run again) would run it uncompiled from then on."""
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return call_impl(*args, **kwargs)
-
-    name = f"hot_call_{next(_CALL_NUMBERS)}"
-    call.__code__ = call.__code__.replace(co_name=name, co_qualname=name)
-    return call
-
-
-_CALL_NUMBERS = itertools.count(1)
-
-
-def inductor_or_eager(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """A Dynamo backend: Inductor (random ops as eager draws them), or, if Inductor fails on
-    this graph, the graph as captured."""
-    try:
-        return inductor_compile(graph, example_inputs)
-    except Exception as error:  # any compiler failure: this graph runs op by op
-        warnings.warn(
-            f"tpunb fused: compiling a hot call failed ({type(error).__name__}: {error}); it runs op by op",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return graph.forward
 
 
 #: What a hot call's argument may be to be handed to the call as it is.

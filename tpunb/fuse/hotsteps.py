@@ -46,7 +46,8 @@ from tpunb.events import OPTIMIZER_STEP_SUFFIX
 from tpunb.fuse.aside import outside_modes
 from tpunb.fuse.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.hotcalls import UNTIL_PAID_FOR, calling, in_fused_scope, publish_eager, publish_whole_call
+from tpunb.fuse.hotcalls import UNTIL_PAID_FOR, in_fused_scope, publish_eager, publish_whole_call
+from tpunb.fuse.hotcode import calling
 from tpunb.fuse.payoff import Payoff
 from tpunb.fuse.plan import StepAction, StepFacts, plan_step
 from tpunb.fuse.workarounds import config_values
