@@ -131,6 +131,8 @@ class Adoption:
 
     def adopt(self, objects: tuple[Any, ...]) -> int:
         """Adopt ``objects`` (modules, optimizers, tensors); returns how many tensors were swapped."""
+        if not objects:
+            return 0
         self.adoptions += 1
         for obj in objects:
             if isinstance(obj, torch.nn.Module):
