@@ -428,21 +428,26 @@ class HotCall:
         self.module_ref = weakref.ref(module)
         self.name = type(module).__name__
         self.architecture = architecture(module)  # whose compiled code it runs (hotcode.py)
+        self._codes: dict[Regime, HotCode] = {}
         self.payoff = {now: Payoff() for now in Regime}  # its eager and compiled runs' times
         self.tensors = [*module.parameters(), *module.buffers()]
         self._plain_since = -1  # the count of adoptions when its tensors were last seen plain
         self.called: set[Regime] = set()  # the regimes it has run compiled in
 
     def code(self, now: Regime) -> HotCode:
-        """Its architecture's compiled call in regime ``now`` (hotcode.py)."""
-        return self.engine.hot.codes.made(self.architecture, now, self.name)
+        """Its architecture's compiled call in regime ``now`` (hotcode.py), looked up once (the
+        architecture's key hashes a tuple per parameter)."""
+        code = self._codes.get(now)
+        if code is None:
+            code = self._codes[now] = self.engine.hot.codes.made(self.architecture, now, self.name)
+        return code
 
     def _compiled_before(self, now: Regime) -> bool:
         """Whether it, or a module of its architecture, has run compiled in regime ``now``."""
         if now in self.called:
             return True
         code = self.engine.hot.codes.get(self.architecture, now)
-        return code is not None and code.ran_compiled
+        return code is not None and code.ran_compiled and not code.slower
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module_ref()  # alive: it is the module being called
@@ -465,6 +470,7 @@ class HotCall:
         its compile paying off; the loop around it runs as eager PyTorch too (aside.py)."""
         engine = self.engine
         args, kwargs = self._plain_arguments(module, args, kwargs)
+        self._step_aside()
         started = time.perf_counter()
         with engine.hot.hooks.lifted(), outside_modes():
             out = module._call_impl(*args, **kwargs)
@@ -472,8 +478,6 @@ class HotCall:
         weight = TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0
         if self.payoff[now].ran_eagerly(spent, weight):  # one row says why nothing compiles yet
             publish_eager(engine, self.key(now), started, UNTIL_PAID_FOR)
-        if not engine.hot.in_call and not engine.trace.ops:
-            engine.modes.step_aside(engine)
         return mark(out)
 
     def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: Regime) -> Any:
@@ -482,6 +486,7 @@ class HotCall:
         engine = self.engine
         started = time.perf_counter()
         args, kwargs = self._plain_arguments(module, args, kwargs)
+        self._step_aside()
         code = self.code(now)
         graphs, runs = counters["stats"]["unique_graphs"], code.runs.count
         first_node = next_node_number()
@@ -517,12 +522,20 @@ class HotCall:
         )
         payoff = self.payoff[now]
         if not (compiled or uncompiled or compiling) and payoff.ran_compiled(call_s):
+            code.slower = True  # a model built again runs eagerly first too (and times it again)
             publish_eager(engine, self.key(now), started, payoff.slower_reason())
-        if not engine.hot.in_call and not engine.trace.ops:
-            engine.modes.step_aside(engine)  # the loop around it runs as eager PyTorch: aside.py
         if training:
             backward_as_forward(engine, out, first_node)
         return mark(out)  # and if it is recorded again, it works on these: settled.py
+
+    def _step_aside(self) -> None:
+        """From an outermost hot call on, the loop around it runs as eager PyTorch (aside.py):
+        the engine's mode steps aside before the call (what was recorded has run), so that the
+        call finds no mode to take off the stacks (``outside_modes``: 7 us each time, the first
+        call of every scope)."""
+        engine = self.engine
+        if not engine.hot.in_call and not engine.trace.ops:
+            engine.modes.step_aside(engine)
 
     def _plain_arguments(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple:
         """The call's arguments and the module's tensors as plain tensors, for Dynamo.

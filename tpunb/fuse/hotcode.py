@@ -55,6 +55,7 @@ class HotCode:
     runs: GraphRuns
     later: CompileLater | None
     ran_compiled: bool = False  # a call has run compiled: later modules compile at once
+    slower: bool = False  # compiled, a module's calls ran slower than eagerly (payoff.py)
 
     @property
     def compiling(self) -> bool:
