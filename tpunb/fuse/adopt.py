@@ -164,18 +164,10 @@ class Adoption:
                     group["fused"] = fused
             self._switched = []
 
-    @contextlib.contextmanager
-    def step_hook_lifted(self) -> Iterator[None]:
+    def step_hook_lifted(self) -> _StepHookLifted:
         """Without the optimizer step pre-hook for the duration (a hot optimizer step: Dynamo
         would trace it); it comes back after."""
-        if self._step_hook is None:
-            yield
-            return
-        self._step_hook.remove()
-        try:
-            yield
-        finally:
-            self._step_hook = register_optimizer_step_pre_hook(self._on_step)
+        return _StepHookLifted(self)
 
     def on_module_call(self, module: torch.nn.Module) -> None:
         """Called for every module call in a fused scope (the engine's global module hook)."""
@@ -274,3 +266,22 @@ class Adoption:
                 group["foreach"] = True
                 if group.get("fused"):
                     group["fused"] = False
+
+
+class _StepHookLifted:
+    """``Adoption.step_hook_lifted``'s context: a class, not a generator (every hot step enters
+    one)."""
+
+    def __init__(self, adoption: Adoption) -> None:
+        self.adoption = adoption
+        self.lifted = False
+
+    def __enter__(self) -> None:
+        adoption = self.adoption
+        if adoption._step_hook is not None:
+            adoption._step_hook.remove()
+            self.lifted = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.lifted:
+            self.adoption._step_hook = register_optimizer_step_pre_hook(self.adoption._on_step)

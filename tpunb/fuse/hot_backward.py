@@ -11,10 +11,11 @@ recorded loss, and the zeros autograd makes for outputs nothing used (a model's 
 cache), which AOTAutograd rejects ("a tensor subclass where we guessed its metadata
 incorrectly") and which, let through, are memory its kernels cannot read.
 
-So gradients arriving at the call's outputs are materialized (a hook per output), and each
-autograd node the call created takes the engine's mode off the stack for its own run (a
-node pre-hook). That lasts one node: the autograd engine restores the mode stack it was
-called with before it runs the next one, so the rest of the backward is recorded as before.
+So each autograd node the call created gets a pre-hook: gradients arriving at it are
+materialized, and it takes the engine's mode off the stack for its own run. That lasts one
+node: the autograd engine restores the mode stack it was called with before it runs the
+next one, so the rest of the backward is recorded as before. A call compiled whole made one
+node, behind all its outputs: one hook (the graph's parameters' nodes are not walked).
 """
 
 from __future__ import annotations
@@ -30,45 +31,48 @@ from tpunb.fuse.deferred import DeferredTensor
 if TYPE_CHECKING:
     from tpunb.fuse.ports import HotPathEngine
 
-#: The sequence number autograd gives leaves' AccumulateGrad nodes (never created by a call).
-LEAF_SEQUENCE = 2**64 - 1
-
 
 def next_node_number() -> int:
-    """The sequence number the next autograd node made on this thread gets: taken before a
-    hot call, it tells the call's own nodes from those of what came before."""
+    """The sequence number the next autograd node made on this thread gets: taken before and
+    after a hot call, it tells the call's own nodes from all others."""
     return torch._C._autograd._get_sequence_nr()
 
 
-def backward_as_forward(engine: HotPathEngine, out: Any, first_node: int) -> None:
-    """Arrange that the backward of the call that returned ``out`` (its autograd nodes are
-    numbered from ``first_node``) gets plain gradients and runs outside ``engine``'s mode."""
+def backward_as_forward(engine: HotPathEngine, out: Any, made: range) -> None:
+    """Arrange that the backward of the call that returned ``out`` (it made the autograd nodes
+    numbered ``made``) gets plain gradients and runs outside ``engine``'s mode."""
 
-    def plain(grad: torch.Tensor) -> torch.Tensor:
-        return engine.materialize(grad, "a hot call's gradient") if type(grad) is DeferredTensor else grad
-
-    def outside_recording(grads: tuple[Any, ...]) -> None:
+    def outside_recording(grads: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if any(type(grad) is DeferredTensor for grad in grads):
+            grads = tuple(
+                engine.materialize(grad, "a hot call's gradient") if type(grad) is DeferredTensor else grad
+                for grad in grads
+            )
+        else:
+            grads = None
         if getattr(_get_current_dispatch_mode(), "engine", None) is engine:
             _pop_mode()  # for this node's run only: the autograd engine restores the stack
+        return grads
 
     outputs = [tensor for tensor in _tensors_in(out) if tensor.requires_grad]
-    for tensor in outputs:
-        tensor.register_hook(plain)
-    for node in _nodes_made_since(outputs, first_node):
+    for node in _nodes_made(outputs, made):
         node.register_prehook(outside_recording)
 
 
-def _nodes_made_since(outputs: list[torch.Tensor], first_node: int) -> Iterator[Any]:
-    """The autograd nodes behind ``outputs`` numbered ``first_node`` or later: those the call
-    made (its compiled function's, and eager ones between graph breaks)."""
+def _nodes_made(outputs: list[torch.Tensor], made: range) -> Iterator[Any]:
+    """The autograd nodes behind ``outputs`` numbered in ``made``: those the call made (its
+    compiled function's, and eager ones between graph breaks). Once all are found, the walk
+    stops: for a call compiled whole, at the outputs' node."""
     seen: set[int] = set()
     todo = [tensor.grad_fn for tensor in outputs]
     while todo:
         node = todo.pop()
-        if node is None or id(node) in seen or not first_node <= node._sequence_nr() < LEAF_SEQUENCE:
+        if node is None or id(node) in seen or node._sequence_nr() not in made:
             continue
         seen.add(id(node))
         yield node
+        if len(seen) == len(made):
+            return
         todo.extend(following for following, _ in node.next_functions)
 
 

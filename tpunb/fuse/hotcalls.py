@@ -498,6 +498,7 @@ class HotCall:
         ):
             out = self._call_through_dynamo(module, code, args, kwargs)
         call_s = time.perf_counter() - call_started
+        made = range(first_node, next_node_number())
         compiled = counters["stats"]["unique_graphs"] - graphs
         # Dynamo ran it as it is: past its recompile limit, or the worker held the compiler
         uncompiled = code.runs.count == runs
@@ -525,7 +526,7 @@ class HotCall:
             code.slower = True  # a model built again runs eagerly first too (and times it again)
             publish_eager(engine, self.key(now), started, payoff.slower_reason())
         if training:
-            backward_as_forward(engine, out, first_node)
+            backward_as_forward(engine, out, made)
         return mark(out)  # and if it is recorded again, it works on these: settled.py
 
     def _step_aside(self) -> None:

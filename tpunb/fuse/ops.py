@@ -27,6 +27,7 @@ class OpFacts:
     argument_names: tuple[str, ...]
     boundary: bool  # always runs on its own, never inside a group (JAX ops: JAX compiles them)
     may_settle: bool  # may run at once on small settled values (settled.py): makes tensors, writes nothing
+    tensorless: bool  # no tensor in its schema at all (profiler markers): nothing to record or wrap
 
 
 #: Op namespaces that are flush boundaries: ``tpunb_jax`` ops run a JAX-compiled function.
@@ -51,6 +52,12 @@ def facts(func: torch._ops.OpOverload) -> OpFacts:
         found = _facts[func] = _compute(func, len(_facts))
         _by_id.append(found)
     return found
+
+
+def _may_hold_tensor(type_: torch._C.JitType) -> bool:
+    """Whether a value of ``type_`` can be or contain a tensor (``Any`` can)."""
+    text = str(type_)
+    return "Tensor" in text or "Any" in text
 
 
 def _compute(func: torch._ops.OpOverload, op_id: int) -> OpFacts:
@@ -93,4 +100,5 @@ def _compute(func: torch._ops.OpOverload, op_id: int) -> OpFacts:
         argument_names=tuple(a.name for a in arguments),
         boundary=boundary,
         may_settle=returns_tensor and not mutated and not random and not boundary,
+        tensorless=not any(_may_hold_tensor(a.type) for a in (*arguments, *schema.returns)),
     )

@@ -63,28 +63,37 @@ def one_compiler_at_a_time() -> contextlib.AbstractContextManager[Any]:
 COMPILER_BUSY = "run as it is: the compile worker was busy, so it compiles at a later call"
 
 
-@contextlib.contextmanager
-def compiling_only_if_free(wait: bool) -> Iterator[bool]:
+class compiling_only_if_free:
     """Around a call Dynamo may have to compile on the notebook thread (a hot module call, a
     hot optimizer step), which must not wait for the worker's compile (seconds, a minute for a
     model's backward): with the compiler free, the call holds its lock (the worker starts its
     next job after it) and may compile; with the worker compiling, the call runs in Dynamo's
     ``eager_on_recompile`` stance, where compiled code whose guards pass runs and anything
     else runs as it is, taking no lock. ``wait`` (``--sync-compile``, which asks for compiled
-    code at once) takes the lock however long the worker holds it. Yields whether the call
-    could compile."""
-    lock = _compile_lock()
-    if lock is None or lock.acquire(blocking=wait):
-        try:
-            yield True
-        finally:
-            if lock is not None:
-                lock.release()
-        return
-    import torch
+    code at once) takes the lock however long the worker holds it. Entering gives whether the
+    call could compile. A class, not a generator: every hot call and step enters one."""
 
-    with torch.compiler.set_stance("eager_on_recompile"):
-        yield False
+    def __init__(self, wait: bool) -> None:
+        self.wait = wait
+        self.lock: Any = None
+        self.stance: Any = None
+
+    def __enter__(self) -> bool:
+        lock = _compile_lock()
+        if lock is None or lock.acquire(blocking=self.wait):
+            self.lock = lock
+            return True
+        import torch
+
+        self.stance = torch.compiler.set_stance("eager_on_recompile")
+        self.stance.__enter__()
+        return False
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self.lock is not None:
+            self.lock.release()
+        elif self.stance is not None:
+            self.stance.__exit__(*exc_info)
 
 
 def _compile_lock() -> Any:
