@@ -152,6 +152,22 @@ def reshaping_step(model, optimizer, step: int) -> float:
     return loss.item()
 
 
+FIXED_X, FIXED_Y = DATA[:32].clone(), LABELS[:32].clone()
+
+
+def hand_graded_step(model, optimizer, step: int) -> float:
+    """Fixed inputs (nothing recorded in most steps), and in one hot step a gradient set by
+    hand to a value the scope recorded: the compiled step must not take it for plain."""
+    extra = FIXED_X[:4, 0] * 0.01 if step == STEPS - 2 else None  # recorded: the scope's first op
+    loss = F.cross_entropy(model(FIXED_X), FIXED_Y)
+    optimizer.zero_grad()
+    loss.backward()
+    if extra is not None:
+        model.out.bias.grad = extra
+    optimizer.step()
+    return loss.item()
+
+
 def with_hooks(model: Net) -> Net:
     """Forward hooks: one scaling a layer's output, a pre-hook scaling its input."""
     model.out.register_forward_hook(lambda module, args, out: out * 0.5)
@@ -175,6 +191,7 @@ CASES: dict[str, tuple[Callable[[], Net], Callable]] = {
     "checkpointing": (lambda: Net(checkpointed=True), plain_step),
     "hooks": (lambda: with_hooks(Net()), hooked_step),
     "a new shape": (lambda: Net(), reshaping_step),
+    "a gradient set by hand": (lambda: Net(), hand_graded_step),
 }
 
 

@@ -146,6 +146,29 @@ def test_only_outermost_calls_count():
     assert all(layer._compiled_call_impl is None for layer in model)  # called inside it only
 
 
+@pytest.mark.parametrize("options", [FuseOptions(), BACKGROUND], ids=["eager until paid for", "compiled"])
+def test_a_hot_module_called_inside_another_hot_modules_call(options):
+    """A layer used on its own turns hot first; then the model around it does, and its calls
+    call the layer's hot call, with tpunb's module hooks already lifted by the model's."""
+    model = small_model().eval()
+    layer = model[0]
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        expected = model(x), layer(x)
+    engine = FusionEngine(torch.device("cpu"))
+    with engine.scope(options, adopt=(model,)), torch.no_grad():
+        for _ in range(HOT_AFTER + 1):
+            got_layer = layer(x)
+        for _ in range(HOT_AFTER + 2):
+            got = model(x)
+        later_layer = layer(x)  # the hooks came back after the nested calls
+    assert isinstance(model._compiled_call_impl, HotCall) and isinstance(layer._compiled_call_impl, HotCall)
+    torch.testing.assert_close(got, expected[0])
+    torch.testing.assert_close(got_layer, expected[1])
+    torch.testing.assert_close(later_layer, expected[1])
+    assert torch.nn.modules.module._global_forward_pre_hooks == {}  # none left behind
+
+
 def test_calls_made_on_another_thread_during_a_fused_scope_are_not_the_scopes():
     """The scope's module hooks are global; a module called on another thread meanwhile (a
     compile worker tracing a graph module, a user's loader thread) is not counted, and does not

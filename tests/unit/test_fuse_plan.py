@@ -126,9 +126,7 @@ def test_when_a_hot_modules_call_runs_compiled(regime, in_scope, compile, hot_tr
     assert runs_whole(regime, in_scope, compile, hot_training) is whole
 
 
-EAGER_STEP = StepFacts(
-    compile=True, hot_training=True, steps=1, compiled_already=False, refused=False, traceable=True
-)
+EAGER_STEP = StepFacts(compile=True, hot_training=True, steps=1, refused=False, traceable=True)
 
 
 def step(**changes) -> StepFacts:
@@ -142,7 +140,6 @@ def step(**changes) -> StepFacts:
         (step(steps=HOT_STEPS_AFTER), StepAction.HOT_FROM_NEXT_STEP),
         (step(steps=HOT_STEPS_AFTER, hot_training=False), StepAction.AS_IS),
         (step(steps=HOT_STEPS_AFTER, compile=False), StepAction.AS_IS),
-        (step(steps=HOT_STEPS_AFTER, compiled_already=True), StepAction.AS_IS),
         (step(steps=HOT_STEPS_AFTER, refused=True), StepAction.AS_IS),
         (step(steps=HOT_STEPS_AFTER, traceable=False), StepAction.AS_IS),  # fused=True, differentiable
     ],

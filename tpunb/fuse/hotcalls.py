@@ -133,14 +133,20 @@ class ModuleCallHooks:
     def __init__(self, before: ModuleCallback, after: ModuleReturn) -> None:
         self._before, self._after = before, after
         self._handles: list[Any] = []
+        self._places: list[tuple[dict[int, Any], int]] = []
         self._installs = 0  # fused scopes may nest; the hooks go in once
         self._owner: int | None = None  # the thread of the outermost scope
 
     def _register(self) -> None:
         hooks = torch.nn.modules.module
-        self._handles = [
-            hooks.register_module_forward_pre_hook(self._before_call),
-            hooks.register_module_forward_hook(self._after_call, always_call=True),
+        before = hooks.register_module_forward_pre_hook(self._before_call)
+        after = hooks.register_module_forward_hook(self._after_call, always_call=True)
+        self._handles = [before, after]
+        # where they sit in torch's tables of global hooks, for lifting them out and back
+        self._places = [
+            (hooks._global_forward_pre_hooks, before.id),
+            (hooks._global_forward_hooks, after.id),
+            (hooks._global_forward_hooks_always_called, after.id),
         ]
 
     def _before_call(self, module: torch.nn.Module, args: Any) -> None:
@@ -154,7 +160,7 @@ class ModuleCallHooks:
     def _remove(self) -> None:
         for handle in self._handles:
             handle.remove()
-        self._handles = []
+        self._handles, self._places = [], []
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -176,19 +182,21 @@ class ModuleCallHooks:
 
 class _Lifted:
     """``ModuleCallHooks.lifted``'s context: a class, not a generator (every hot call enters
-    one; contextlib's costs a few microseconds more)."""
+    one). The hooks leave torch's tables of global hooks and go back under the same keys, at
+    the end, where registering them again would put them: removing and registering them
+    (new handles) cost 3.5 us of a small model's 35 us eager call (measured in situ)."""
 
     def __init__(self, hooks: ModuleCallHooks) -> None:
         self.hooks = hooks
-        self.installed = False
+        self.lifted: list[tuple[dict[int, Any], int, Any]] = []
 
     def __enter__(self) -> None:
-        self.installed = bool(self.hooks._handles)
-        self.hooks._remove()
+        # (none where an outer hot call lifted them already)
+        self.lifted = [(table, key, table.pop(key)) for table, key in self.hooks._places if key in table]
 
     def __exit__(self, *exc_info: object) -> None:
-        if self.installed:
-            self.hooks._register()
+        for table, key, hook in self.lifted:
+            table[key] = hook
 
 
 class HotCalls:

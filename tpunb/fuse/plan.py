@@ -211,12 +211,11 @@ class StepAction(StrEnum):
 @dataclass(frozen=True)
 class StepFacts:
     """What ``plan_step`` needs to know about an optimizer's eager step over plain parameters
-    (a hot module's) in a fused scope."""
+    (a hot module's) in a fused scope, whose step is not a hot step yet."""
 
     compile: bool  # FuseOptions.compile
     hot_training: bool  # FuseOptions.hot_training
     steps: int  # its counted eager steps so far, this one included
-    compiled_already: bool  # its step is a hot step
     refused: bool  # Dynamo failed on it, or ran it uncompiled: eager for good
     traceable: bool  # its groups are neither differentiable nor PyTorch's fused kernels
 
@@ -224,12 +223,6 @@ class StepFacts:
 def plan_step(facts: StepFacts) -> StepAction:
     """Whether the step counts toward compiling the optimizer's step whole (PyTorch's
     compiled-optimizer recipe), and whether its next step is: from the ``HOT_STEPS_AFTER``-th."""
-    if not (
-        facts.compile
-        and facts.hot_training
-        and facts.traceable
-        and not facts.compiled_already
-        and not facts.refused
-    ):
+    if not (facts.compile and facts.hot_training and facts.traceable and not facts.refused):
         return StepAction.AS_IS
     return StepAction.HOT_FROM_NEXT_STEP if facts.steps >= HOT_STEPS_AFTER else StepAction.COUNT
