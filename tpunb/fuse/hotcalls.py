@@ -441,6 +441,13 @@ class HotCall:
         self.tensors = [*module.parameters(), *module.buffers()]
         self._plain_since = -1  # the count of adoptions when its tensors were last seen plain
         self.called: set[Regime] = set()  # the regimes it has run compiled in
+        # its group rows' keys and triggers, by regime (made once: every call names them)
+        kinds = {now: "training" if now is Regime.TRAINING else "whole" for now in Regime}
+        self._keys = {now: f"{self.name}-{kind}" for now, kind in kinds.items()}
+        self._triggers = {
+            now: f"{self.name} call, compiled whole (a hot {'no-grad' if kind == 'whole' else kind} call)"
+            for now, kind in kinds.items()
+        }
 
     def code(self, now: Regime) -> HotCode:
         """Its architecture's compiled call in regime ``now`` (hotcode.py), looked up once (the
@@ -471,7 +478,7 @@ class HotCall:
 
     def key(self, now: Regime) -> str:
         """Its group rows' key in regime ``now``."""
-        return f"{self.name}-{'training' if now is Regime.TRAINING else 'whole'}"
+        return self._keys[now]
 
     def _run_eager(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: Regime) -> Any:
         """The call as strict mode runs it, on plain tensors outside recording, timed toward
@@ -520,13 +527,13 @@ class HotCall:
         publish_whole_call(
             engine,
             key=self.key(now),
-            trigger=f"{self.name} call, compiled whole (a hot {'training' if training else 'no-grad'} call)",
+            trigger=self._triggers[now],
             started=started,
             compiled=compiled,
             uncompiled=uncompiled,
             compiling=compiling,
             may_compile=may_compile,
-            code=getattr(code.compiled, "__wrapped__", None),
+            compiled_call=code.compiled,
             compile_in_call=not training,
         )
         payoff = self.payoff[now]
@@ -651,7 +658,7 @@ def publish_whole_call(
     uncompiled: bool,
     compiling: bool,
     may_compile: bool,
-    code: Any,
+    compiled_call: Any,
     compile_in_call: bool = False,
     reason: str | None = None,
 ) -> None:
@@ -688,7 +695,8 @@ def publish_whole_call(
             compile_ms=run_ms if compiled and compile_in_call else None,
             run_ms=run_ms,
             lifted=0,
-            miss_reason=reason or why_run(compiled, uncompiled, may_compile, code),
+            miss_reason=reason
+            or why_run(compiled, uncompiled, may_compile, getattr(compiled_call, "__wrapped__", None)),
             whole_call=True,
             at=where.label if where else None,
         )
@@ -715,7 +723,7 @@ def publish_eager(engine: HotPathEngine, key: str, started: float, reason: str) 
         uncompiled=True,
         compiling=False,
         may_compile=False,
-        code=None,
+        compiled_call=None,
         reason=reason,
     )
 

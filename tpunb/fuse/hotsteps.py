@@ -109,10 +109,10 @@ class HotStep:
         self.optimizer_ref = weakref.ref(optimizer)
         self.previous = optimizer.step
         self.name = type(optimizer).__name__
+        self.key = self.name + OPTIMIZER_STEP_SUFFIX  # its group rows'
+        self.trigger = f"{self.name}.step(), compiled whole (a hot optimizer step)"
         self.runs = GraphRuns()
-        self.later = CompileLater(
-            engine.cache, self.name + OPTIMIZER_STEP_SUFFIX, lambda: engine.options.sync_compile, self.runs
-        )
+        self.later = CompileLater(engine.cache, self.key, lambda: engine.options.sync_compile, self.runs)
         # The compiled function must not hold the optimizer (Dynamo keeps it for the process):
         # a bound step is compiled as its function, the optimizer passed in; a scheduler's
         # wrapper holds it weakly. Once the optimizer is gone, so are its step's graphs,
@@ -166,7 +166,7 @@ class HotStep:
             started = time.perf_counter()
             out = self.previous(*args, **kwargs)
             if self.payoff.ran_eagerly(time.perf_counter() - started):  # one row says why
-                publish_eager(engine, self.name + OPTIMIZER_STEP_SUFFIX, started, UNTIL_PAID_FOR)
+                publish_eager(engine, self.key, started, UNTIL_PAID_FOR)
             return out
         if not self._made_plain(optimizer):
             return self.previous(*args, **kwargs)
@@ -213,21 +213,20 @@ class HotStep:
         uncompiled = self.runs.count == runs
         if uncompiled and may_compile:  # Dynamo's limit of versions of the step's code is spent
             engine.hot_steps.refuse(optimizer, self)
-        code = getattr(self.compiled, "__wrapped__", None)
         publish_whole_call(
             engine,
-            key=self.name + OPTIMIZER_STEP_SUFFIX,
-            trigger=f"{self.name}.step(), compiled whole (a hot optimizer step)",
+            key=self.key,
+            trigger=self.trigger,
             started=started,
             compiled=compiled,
             uncompiled=uncompiled,
             compiling=self.later.compiling,
             may_compile=may_compile,
-            code=code,
+            compiled_call=self.compiled,
         )
         hit = not (compiled or uncompiled or self.later.compiling)
         if hit and self.payoff.ran_compiled(step_s):
-            publish_eager(engine, self.name + OPTIMIZER_STEP_SUFFIX, started, self.payoff.slower_reason())
+            publish_eager(engine, self.key, started, self.payoff.slower_reason())
         if not engine.trace.ops:
             engine.modes.step_aside(engine)
         return out

@@ -131,6 +131,10 @@ def skip_dynamo_in(code: CodeType) -> bool:
     return True
 
 
+#: A config name this torch lacks (``config_values``).
+_ABSENT = object()
+
+
 class config_values:
     """torch's ``config.patch(**values)`` for the block, on this thread's watch: for calls
     made every step. ``config.patch`` defines a class at each call, cyclic garbage that only
@@ -145,7 +149,8 @@ class config_values:
 
     def __enter__(self) -> None:
         config = self.config
-        self.before = {name: getattr(config, name) for name in self.values if hasattr(config, name)}
+        before = {name: getattr(config, name, _ABSENT) for name in self.values}
+        self.before = {name: value for name, value in before.items() if value is not _ABSENT}
         for name in self.before:
             setattr(config, name, self.values[name])
 

@@ -9,6 +9,7 @@ interpreter's thread switch interval while it works so replay on the main thread
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -96,7 +97,10 @@ class compiling_only_if_free:
             self.stance.__exit__(*exc_info)
 
 
+@functools.cache
 def _compile_lock() -> Any:
+    """Dynamo's compile lock (None in a torch without one), looked up once: every hot call
+    and step asks."""
     from torch._dynamo import convert_frame
 
     return getattr(convert_frame, "compile_lock", None)
