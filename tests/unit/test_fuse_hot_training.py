@@ -247,6 +247,19 @@ def test_the_recorders_known_bugs_still_differ_from_strict(case: str) -> None:
     assert_same_training(run(make, step_fn, None), run(make, step_fn, FusionEngine(torch.device("cpu"))))
 
 
+def test_calls_a_backward_makes_are_not_the_scopes() -> None:
+    """Checkpointing recomputes its region in the backward, calling the layers from inside a
+    backward node: those calls run as they are, and the layers never turn hot on their own
+    (the model's call is the hot one)."""
+    make, step_fn = CASES["checkpointing"]
+    engine = FusionEngine(torch.device("cpu"))
+    fused = run(make, step_fn, engine)
+    assert_same_training(run(make, step_fn, None), fused)
+    model = fused[0]
+    assert isinstance(model._compiled_call_impl, HotCall)
+    assert [name for name, layer in model.named_children() if layer._compiled_call_impl is not None] == []
+
+
 def test_a_frozen_base_with_a_lora_adapter_trains_as_in_strict() -> None:
     """peft's LoRA on a frozen base, the way the tutorials fine-tune."""
     from peft import LoraConfig, get_peft_model

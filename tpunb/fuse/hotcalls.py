@@ -128,7 +128,12 @@ class ModuleCallHooks:
     Global hooks fire on every thread; only the calls of the thread that opened the scope (the
     notebook's) are the scope's. A module another thread calls meanwhile (a compile worker
     tracing a graph module, a data-loading thread of the user's) is not counted, and nothing of
-    the notebook thread's (its dispatch modes, its hot-call depth) is touched from there."""
+    the notebook thread's (its dispatch modes, its hot-call depth) is touched from there.
+
+    Nor are the calls the autograd engine makes during a backward (``in_backward``): gradient
+    checkpointing's and reversible layers' recomputation call submodules from inside a
+    backward node, and counted as outermost calls they turned hot and ran as compiled training
+    calls of their own inside the backward (the tiny Reformer: four a step, 0.88x strict)."""
 
     def __init__(self, before: ModuleCallback, after: ModuleReturn) -> None:
         self._before, self._after = before, after
@@ -150,11 +155,11 @@ class ModuleCallHooks:
         ]
 
     def _before_call(self, module: torch.nn.Module, args: Any) -> None:
-        if _thread.get_ident() == self._owner:
+        if _thread.get_ident() == self._owner and not in_backward():
             self._before(module)
 
     def _after_call(self, module: torch.nn.Module, args: Any, out: Any) -> None:
-        if _thread.get_ident() == self._owner:
+        if _thread.get_ident() == self._owner and not in_backward():
             self._after(module, out)
 
     def _remove(self) -> None:
@@ -215,6 +220,9 @@ class HotCalls:
         #: soon, or between a training call and the step that makes its module hot: what is
         #: recorded now will not be recorded again (engine.py: not compiled)
         self.warming = False
+        #: the last outermost call was a training call counted toward hot (``CallAction.WARM``):
+        #: the rest of its step is warming too
+        self._step_warming = False
 
     def _before(self, module: torch.nn.Module) -> None:
         if self._depth == 0 and self.engine.modes.stepped_aside and not holds_tensors(module):
@@ -272,8 +280,9 @@ class HotCalls:
                 # the rest of a training module's first step (its loss, backward, a gradient
                 # clip) runs hot from the next step on: recorded once, it would compile in the
                 # background only to contend with the eager steps after (measured: the HF
-                # Trainer's warm steps at 3-6x their time while its clip group compiled)
-                self.warming = bool(self._turning)
+                # Trainer's warm steps at 3-6x their time while its clip group compiled); so
+                # does the rest of each step whose training call was counted toward hot
+                self.warming = bool(self._turning) or self._step_warming
                 if isinstance(module._compiled_call_impl, Turning):
                     module._compiled_call_impl.watch(out)
 
@@ -287,9 +296,10 @@ class HotCalls:
         hot when ``plan_call`` says so."""
         counted = self._calls.get(module, 0)
         options = self.engine.options
+        now = regime(module)
         action = plan_call(
             CallFacts(
-                regime=regime(module),
+                regime=now,
                 holds_tensors=holds_tensors(module),
                 compile=options.compile,
                 hot_training=options.hot_training,
@@ -301,6 +311,7 @@ class HotCalls:
                 compiles_at_once=compile_pays_off(0.0, options.sync_compile, options.compile_after_s),
             )
         )
+        self._step_warming = action is CallAction.WARM and now is Regime.TRAINING
         if action is CallAction.RECORD:
             return
         self._calls[module] = counted + 1
@@ -413,10 +424,19 @@ def holds_tensors(module: torch.nn.Module) -> bool:
     )
 
 
+def in_backward() -> bool:
+    """Whether this thread is running a backward: the autograd engine is calling a node's
+    Python code (a recomputation, a custom Function's backward, a hook)."""
+    return torch._C._current_graph_task_id() != -1
+
+
 def regime(module: torch.nn.Module) -> Regime | None:
     """Which hot regime a call of ``module`` is in now: no grad in eval mode (inference), grad
     in train mode (training); None for the mixes (a frozen-statistics fine-tune, say), which
-    stay recorded."""
+    stay recorded, and for a call made during a backward, which runs as it is
+    (``ModuleCallHooks``)."""
+    if in_backward():
+        return None
     grad = torch.is_grad_enabled()
     if not grad and not module.training:
         return Regime.INFERENCE
