@@ -121,6 +121,20 @@ def hand_updated_step(model, optimizer, step: int) -> float:
     return loss.item()
 
 
+def checkpointed_by_hand_step(model, optimizer, step: int) -> float:
+    """The whole model checkpointed, updated by hand: its call is made again inside the
+    backward, and that recomputation must run as its forward ran, compiled whole once hot
+    (checkpointing compares what the two saved)."""
+    x, y = batch()
+    loss = F.cross_entropy(checkpoint(model, x, use_reentrant=False), y)
+    loss.backward()
+    with torch.no_grad():
+        for param in model.parameters():
+            param -= 0.1 * param.grad
+            param.grad = None
+    return loss.item()
+
+
 def evaluating_step(model, optimizer, step: int) -> float:
     """A training step, then an evaluation under no_grad in eval mode, then back to train."""
     loss = plain_step(model, optimizer, step)
@@ -192,6 +206,7 @@ CASES: dict[str, tuple[Callable[[], Net], Callable]] = {
     "hooks": (lambda: with_hooks(Net()), hooked_step),
     "a new shape": (lambda: Net(), reshaping_step),
     "a gradient set by hand": (lambda: Net(), hand_graded_step),
+    "checkpointed whole, updated by hand": (lambda: Net(), checkpointed_by_hand_step),
 }
 
 

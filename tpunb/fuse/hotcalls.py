@@ -133,7 +133,8 @@ class ModuleCallHooks:
     Nor are the calls the autograd engine makes during a backward (``in_backward``): gradient
     checkpointing's and reversible layers' recomputation call submodules from inside a
     backward node, and counted as outermost calls they turned hot and ran as compiled training
-    calls of their own inside the backward (the tiny Reformer: four a step, 0.88x strict)."""
+    calls of their own inside the backward (the tiny Reformer: four a step, 0.88x strict).
+    Not counted, they run as they are, as they did in the forward, inside their model's call."""
 
     def __init__(self, before: ModuleCallback, after: ModuleReturn) -> None:
         self._before, self._after = before, after
@@ -433,10 +434,9 @@ def in_backward() -> bool:
 def regime(module: torch.nn.Module) -> Regime | None:
     """Which hot regime a call of ``module`` is in now: no grad in eval mode (inference), grad
     in train mode (training); None for the mixes (a frozen-statistics fine-tune, say), which
-    stay recorded, and for a call made during a backward, which runs as it is
-    (``ModuleCallHooks``)."""
-    if in_backward():
-        return None
+    stay recorded. A hot module's call made during a backward (a checkpointed model's
+    recomputation) runs as its forward ran: checkpointing checks that it saves the same
+    tensors."""
     grad = torch.is_grad_enabled()
     if not grad and not module.training:
         return Regime.INFERENCE
