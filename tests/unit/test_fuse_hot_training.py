@@ -106,6 +106,16 @@ def retaining_step(model, optimizer, step: int) -> float:
     return loss.item()
 
 
+def backward_and_update_by_hand(model: torch.nn.Module, loss: torch.Tensor) -> float:
+    """``loss``'s backward, then SGD written out (no optimizer of torch's steps)."""
+    loss.backward()
+    with torch.no_grad():
+        for param in model.parameters():
+            param -= 0.1 * param.grad
+            param.grad = None
+    return loss.item()
+
+
 def hand_updated_step(model, optimizer, step: int) -> float:
     """No optimizer of torch's steps (Keras applies its own updates, a loop from scratch
     writes them out): the module turns hot at a call once its calls' backward has run."""
@@ -113,12 +123,7 @@ def hand_updated_step(model, optimizer, step: int) -> float:
     loss = F.cross_entropy(model(x), y)
     if step % 2:  # called twice in some steps: the second call's graph is alive at the first's turn
         loss = loss + F.cross_entropy(model(other), other_labels)
-    loss.backward()
-    with torch.no_grad():
-        for param in model.parameters():
-            param -= 0.1 * param.grad
-            param.grad = None
-    return loss.item()
+    return backward_and_update_by_hand(model, loss)
 
 
 def checkpointed_by_hand_step(model, optimizer, step: int) -> float:
@@ -127,12 +132,7 @@ def checkpointed_by_hand_step(model, optimizer, step: int) -> float:
     (checkpointing compares what the two saved)."""
     x, y = batch()
     loss = F.cross_entropy(checkpoint(model, x, use_reentrant=False), y)
-    loss.backward()
-    with torch.no_grad():
-        for param in model.parameters():
-            param -= 0.1 * param.grad
-            param.grad = None
-    return loss.item()
+    return backward_and_update_by_hand(model, loss)
 
 
 def evaluating_step(model, optimizer, step: int) -> float:
