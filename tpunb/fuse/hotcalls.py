@@ -134,7 +134,9 @@ class ModuleCallHooks:
     checkpointing's and reversible layers' recomputation call submodules from inside a
     backward node, and counted as outermost calls they turned hot and ran as compiled training
     calls of their own inside the backward (the tiny Reformer: four a step, 0.88x strict).
-    Not counted, they run as they are, as they did in the forward, inside their model's call."""
+    Not counted, they run as they are, as they did in the forward, inside their model's call.
+    A module already hot still runs its call compiled whole there, as its forward ran: a
+    checkpointed model's recomputation must save what its forward saved (checkpointing checks)."""
 
     def __init__(self, before: ModuleCallback, after: ModuleReturn) -> None:
         self._before, self._after = before, after
@@ -434,9 +436,7 @@ def in_backward() -> bool:
 def regime(module: torch.nn.Module) -> Regime | None:
     """Which hot regime a call of ``module`` is in now: no grad in eval mode (inference), grad
     in train mode (training); None for the mixes (a frozen-statistics fine-tune, say), which
-    stay recorded. A hot module's call made during a backward (a checkpointed model's
-    recomputation) runs as its forward ran: checkpointing checks that it saves the same
-    tensors."""
+    stay recorded."""
     grad = torch.is_grad_enabled()
     if not grad and not module.training:
         return Regime.INFERENCE
@@ -462,11 +462,10 @@ class HotCall:
         self._plain_since = -1  # the count of adoptions when its tensors were last seen plain
         self.called: set[Regime] = set()  # the regimes it has run compiled in
         # its group rows' keys and triggers, by regime (made once: every call names them)
-        kinds = {now: "training" if now is Regime.TRAINING else "whole" for now in Regime}
-        self._keys = {now: f"{self.name}-{kind}" for now, kind in kinds.items()}
+        self._keys = {Regime.TRAINING: f"{self.name}-training", Regime.INFERENCE: f"{self.name}-whole"}
         self._triggers = {
-            now: f"{self.name} call, compiled whole (a hot {'no-grad' if kind == 'whole' else kind} call)"
-            for now, kind in kinds.items()
+            now: f"{self.name} call, compiled whole (a hot {kind} call)"
+            for now, kind in ((Regime.TRAINING, "training"), (Regime.INFERENCE, "no-grad"))
         }
 
     def code(self, now: Regime) -> HotCode:
