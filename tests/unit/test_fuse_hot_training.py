@@ -342,6 +342,49 @@ def test_a_cell_run_again_does_not_compile_its_new_models_first_step() -> None:
     assert all(g.plan == WARMING for g in recorded), [(g.source, g.plan) for g in recorded]
 
 
+def reading_step(model, optimizer, step: int) -> float:
+    """A step that reads its loss before the backward and its gradients' norm after it: each
+    read ends a recorded group in mid-step."""
+    x, y = batch()
+    loss = F.cross_entropy(model(x), y)
+    logged = loss.item()
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
+    optimizer.step()
+    return logged
+
+
+def test_the_rest_of_a_step_whose_call_counts_toward_hot_is_not_compiled() -> None:
+    """Compiling at once, a module's first calls are recorded, counted toward making it hot:
+    their steps will not come back, so nothing of them is compiled, not even a group that
+    starts after the call has ended (the backward, cut off from the forward by a read; deep
+    enough not to be tiny)."""
+
+    def deep() -> torch.nn.Module:
+        layers = [(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.GELU()) for _ in range(4)]
+        return torch.nn.Sequential(*(layer for block in layers for layer in block), torch.nn.Linear(16, 4))
+
+    def steps(engine: FusionEngine | None) -> tuple[torch.nn.Module, list[float], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = deep()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses, states = [], []
+        with engine.scope(SYNC, adopt=(model, optimizer)) if engine else contextlib.nullcontext():
+            for step in range(STEPS):
+                states.append(torch.random.get_rng_state())
+                losses.append(reading_step(model, optimizer, step))
+        return model, losses, states
+
+    seen = []
+    assert_same_training(steps(None), steps(FusionEngine(torch.device("cpu"), seen.append)))
+    recorded = [g for g in seen if isinstance(g, FusionGroup) and not g.whole_call]
+    assert any(g.source.endswith("loss.backward()") for g in recorded), [g.source for g in recorded]
+    assert all(g.plan == WARMING for g in recorded), [(g.source, g.plan) for g in recorded]
+    hot = {(g.key, g.status) for g in seen if isinstance(g, FusionGroup) and g.whole_call}
+    assert ("Sequential-training", "hit") in hot, hot
+
+
 def test_a_loop_that_updates_by_hand_turns_its_model_hot_within_one_cell() -> None:
     """One scope, as one cell: no optimizer of torch's steps, so no step's pre-hook turns the
     model hot; it turns at its first call after a backward has run through all of its
@@ -528,6 +571,10 @@ def test_an_optimizer_whose_first_step_recorded_its_state_steps_on_plain_state_o
     assert state and all(type(value) is torch.Tensor for value in state), {type(v) for v in state}
 
 
+def is_compiled_training_call(item: object) -> bool:
+    return getattr(item, "key", None) == "Net-training" and getattr(item, "status", None) == "hit"
+
+
 def test_compiled_in_the_background_and_swapped_in_mid_loop() -> None:
     """As in a notebook: the hot call runs eagerly until its compile pays off, then as captured
     while the worker compiles it, then compiled; neither change alters the losses or the
@@ -540,7 +587,8 @@ def test_compiled_in_the_background_and_swapped_in_mid_loop() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses, states = [], []
     with engine.scope(FuseOptions(hot_training=True, compile_after_s=0.05), adopt=(model, optimizer)):
-        while not any(getattr(g, "status", None) == "hit" for g in seen[-3:]) or len(losses) < STEPS:
+        # until the model's call itself runs compiled (not merely any compiled group of the step)
+        while not any(is_compiled_training_call(g) for g in seen[-3:]) or len(losses) < STEPS:
             states.append(torch.random.get_rng_state())
             losses.append(plain_step(model, optimizer, len(losses)))
             assert len(losses) < 20_000, "the hot call never ran compiled"
