@@ -282,6 +282,74 @@ for step in range(STEPS):
     dropout=False,
 )
 
+#: The loop as minimal GPT repositories (nanoGPT's train.py and its followers) write it, on
+#: litgpt's model: AdamW over decay and no-decay groups, the learning rate (warm-up, then a
+#: cosine) set by hand in every step's param groups, gradient clipping, the loss logged every
+#: step, an evaluation every few steps under no_grad and eval(), back to train() after. The
+#: evaluation's loss is logged too (compared with strict's like the others).
+GPT_LOOP = Workload(
+    name="gpt_loop",
+    packages=("litgpt",),
+    modules=("litgpt",),
+    setup="""
+import math
+import torch
+import lightning as L
+from litgpt import GPT, Config
+L.seed_everything(0, verbose=False)
+config = Config.from_name(
+    "pythia-14m", n_layer=2, n_embd=64, n_head=4, block_size=64, vocab_size=256, padded_vocab_size=256
+)
+model = GPT(config)
+
+def configure_optimizers(model, weight_decay, learning_rate, betas):
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
+
+def get_batch():
+    start = torch.randint(0, 256, (4, 1))
+    tokens = (start + torch.arange(33) * torch.randint(1, 4, (4, 1))) % 256
+    return tokens[:, :-1], tokens[:, 1:]
+
+def get_lr(step, max_lr=3e-3, warmup=2, total=STEPS):
+    if step < warmup:
+        return max_lr * (step + 1) / warmup
+    return 0.1 * max_lr + 0.45 * max_lr * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+
+@torch.no_grad()
+def estimate_loss(batches=2):
+    model.eval()
+    losses = [torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()) for x, y in
+              (get_batch() for _ in range(batches))]
+    model.train()
+    return torch.stack(losses).mean().item()
+
+optimizer = configure_optimizers(model, weight_decay=0.1, learning_rate=3e-3, betas=(0.9, 0.95))
+""",
+    train="""
+model.train()
+for step in range(STEPS):
+    for group in optimizer.param_groups:
+        group["lr"] = get_lr(step)
+    if step % 4 == 3:
+        record(estimate_loss())
+    x, y = get_batch()
+    logits = model(x)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    record(loss.item())
+""",
+    draws_between_steps=True,  # a new random batch every step, and the evaluation's
+    dropout=False,
+)
+
 PEFT_LORA = Workload(
     name="peft_lora",
     packages=("peft", "transformers"),
@@ -318,4 +386,6 @@ for epoch in range(STEPS // 4):
     on_xla=True,
 )
 
-WORKLOADS = {w.name: w for w in (HF_TRAINER, ACCELERATE, LIGHTNING, KERAS, SKORCH, IGNITE, LITGPT, PEFT_LORA)}
+WORKLOADS = {
+    w.name: w for w in (HF_TRAINER, ACCELERATE, LIGHTNING, KERAS, SKORCH, IGNITE, LITGPT, GPT_LOOP, PEFT_LORA)
+}
