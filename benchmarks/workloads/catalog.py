@@ -249,29 +249,39 @@ trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: record(engi
     on_xla=True,  # ignite's XLA path (xm.optimizer_step)
 )
 
-LITGPT = Workload(
-    name="litgpt",
-    packages=("litgpt",),
-    modules=("litgpt",),
-    setup="""
+#: litgpt's GPT (two small layers) and its data, random token sequences of fixed strides: the
+#: set-up both litgpt loops share.
+LITGPT_MODEL = """
 import torch
 import lightning as L
 from litgpt import GPT, Config
-from litgpt.utils import chunked_cross_entropy
 L.seed_everything(0, verbose=False)
 config = Config.from_name(
     "pythia-14m", n_layer=2, n_embd=64, n_head=4, block_size=64, vocab_size=256, padded_vocab_size=256
 )
 model = GPT(config)
+
+def get_batch():
+    start = torch.randint(0, 256, (4, 1))
+    tokens = (start + torch.arange(33) * torch.randint(1, 4, (4, 1))) % 256
+    return tokens[:, :-1], tokens[:, 1:]
+"""
+
+LITGPT = Workload(
+    name="litgpt",
+    packages=("litgpt",),
+    modules=("litgpt",),
+    setup=LITGPT_MODEL
+    + """
+from litgpt.utils import chunked_cross_entropy
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95))
 """,
     train="""
 model.train()
 for step in range(STEPS):
-    start = torch.randint(0, 256, (4, 1))
-    tokens = (start + torch.arange(33) * torch.randint(1, 4, (4, 1))) % 256
-    logits = model(tokens[:, :-1])
-    loss = chunked_cross_entropy(logits, tokens[:, 1:])
+    x, y = get_batch()
+    logits = model(x)
+    loss = chunked_cross_entropy(logits, y)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -291,16 +301,9 @@ GPT_LOOP = Workload(
     name="gpt_loop",
     packages=("litgpt",),
     modules=("litgpt",),
-    setup="""
+    setup=LITGPT_MODEL
+    + """
 import math
-import torch
-import lightning as L
-from litgpt import GPT, Config
-L.seed_everything(0, verbose=False)
-config = Config.from_name(
-    "pythia-14m", n_layer=2, n_embd=64, n_head=4, block_size=64, vocab_size=256, padded_vocab_size=256
-)
-model = GPT(config)
 
 def configure_optimizers(model, weight_decay, learning_rate, betas):
     params = [p for p in model.parameters() if p.requires_grad]
@@ -309,11 +312,6 @@ def configure_optimizers(model, weight_decay, learning_rate, betas):
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
-
-def get_batch():
-    start = torch.randint(0, 256, (4, 1))
-    tokens = (start + torch.arange(33) * torch.randint(1, 4, (4, 1))) % 256
-    return tokens[:, :-1], tokens[:, 1:]
 
 def get_lr(step, max_lr=3e-3, warmup=2, total=STEPS):
     if step < warmup:
