@@ -268,9 +268,11 @@ class Session:
         groups = self.bus.count("group") - cell.groups_before
         mode, precision = _summary_mode(cell.modes), _summary_precision(cell.precisions)
         wall_s = time.perf_counter() - cell.started
+        compiled_graphs = sum(r.graphs for r in compiled)
         measured = None
         if cell.source is not None and error is None:
-            measured = self.cell_times.slower_than_seen(cell.source, precision, mode, wall_s)
+            compiled_here = compiled_graphs > 0 or cache.compiles > cell.cache_before.compiles
+            measured = self.cell_times.slower_than_seen(cell.source, precision, mode, wall_s, compiled_here)
             self.cell_times.record(cell.source, precision, mode, wall_s, cell.number)
         record = CellRun(
             cell=cell.number,
@@ -281,7 +283,7 @@ class Session:
             cache_hits=cache.hits - cell.cache_before.hits,
             cache_misses=cache.misses - cell.cache_before.misses,
             error=type(error).__name__ if error is not None else None,
-            compiled_graphs=sum(r.graphs for r in compiled),
+            compiled_graphs=compiled_graphs,
             graph_breaks=sum(sum(r.graph_breaks.values()) for r in compiled),
             break_reasons=_first_reasons([reason for r in compiled for reason in r.graph_breaks]),
             recompiles=_first_reasons([reason for r in compiled for reason in r.recompile_reasons]),
