@@ -267,12 +267,24 @@ def get_batch():
     return tokens[:, :-1], tokens[:, 1:]
 """
 
-LITGPT = Workload(
-    name="litgpt",
-    packages=("litgpt",),
-    modules=("litgpt",),
-    setup=LITGPT_MODEL
-    + """
+
+def litgpt_loop(name: str, setup: str, train: str) -> Workload:
+    """A loop on litgpt's model (``LITGPT_MODEL``, then ``setup``): a new random batch every
+    step, no dropout."""
+    return Workload(
+        name=name,
+        packages=("litgpt",),
+        modules=("litgpt",),
+        setup=LITGPT_MODEL + setup,
+        train=train,
+        draws_between_steps=True,
+        dropout=False,
+    )
+
+
+LITGPT = litgpt_loop(
+    "litgpt",
+    setup="""
 from litgpt.utils import chunked_cross_entropy
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95))
 """,
@@ -288,8 +300,6 @@ for step in range(STEPS):
     optimizer.step()
     record(loss.item())
 """,
-    draws_between_steps=True,  # a new random batch every step
-    dropout=False,
 )
 
 #: The loop as minimal GPT repositories (nanoGPT's train.py and its followers) write it, on
@@ -297,12 +307,9 @@ for step in range(STEPS):
 #: cosine) set by hand in every step's param groups, gradient clipping, the loss logged every
 #: step, an evaluation every few steps under no_grad and eval(), back to train() after. The
 #: evaluation's loss is logged too (compared with strict's like the others).
-GPT_LOOP = Workload(
-    name="gpt_loop",
-    packages=("litgpt",),
-    modules=("litgpt",),
-    setup=LITGPT_MODEL
-    + """
+GPT_LOOP = litgpt_loop(
+    "gpt_loop",
+    setup="""
 import math
 
 def configure_optimizers(model, weight_decay, learning_rate, betas):
@@ -344,8 +351,6 @@ for step in range(STEPS):
     optimizer.zero_grad(set_to_none=True)
     record(loss.item())
 """,
-    draws_between_steps=True,  # a new random batch every step, and the evaluation's
-    dropout=False,
 )
 
 PEFT_LORA = Workload(
