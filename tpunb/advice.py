@@ -70,7 +70,7 @@ class CellTimes:
         return _MODE_LINE.sub("", source, count=1).strip()
 
     def slower_than_seen(
-        self, source: str, precision: str, mode: str, wall_s: float, compiled: bool = False
+        self, source: str, precision: str, mode: str, wall_s: float, *, compiled: bool
     ) -> str | None:
         """The fastest mode the session saw run this code faster than ``wall_s``, in words.
 

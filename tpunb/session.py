@@ -272,7 +272,9 @@ class Session:
         measured = None
         if cell.source is not None and error is None:
             compiled_here = compiled_graphs > 0 or cache.compiles > cell.cache_before.compiles
-            measured = self.cell_times.slower_than_seen(cell.source, precision, mode, wall_s, compiled_here)
+            measured = self.cell_times.slower_than_seen(
+                cell.source, precision, mode, wall_s, compiled=compiled_here
+            )
             self.cell_times.record(cell.source, precision, mode, wall_s, cell.number)
         record = CellRun(
             cell=cell.number,
