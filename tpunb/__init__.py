@@ -25,6 +25,7 @@ __all__ = [
     "adopt",
     "compile",
     "current_mode",
+    "device",
     "grad_scaler",
     "jax_op",
     "last_profile",
@@ -194,6 +195,15 @@ def pallas_call(kernel: Any, **options: Any) -> Any:
     from tpunb.jaxops import pallas_call as call
 
     return call(kernel, **options)
+
+
+def device() -> Any:
+    """The ``torch.device`` this kernel's tensors belong on: ``tpu:0`` (TorchTPU), ``xla:0``
+    (PyTorch/XLA), ``cuda:0`` or ``cpu``. ``model.to(tpunb.device())`` makes a notebook run on
+    whatever chip the kernel has, and on a laptop unchanged."""
+    import torch
+
+    return torch.device(runtime().device.split()[0])  # "cpu (no TPU present)": the CPU
 
 
 def runtime() -> Runtime:

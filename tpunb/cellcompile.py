@@ -182,16 +182,26 @@ def _new_breaks(before: dict[str, int], after: dict[str, int]) -> dict[str, int]
 #: Breaks whose cause Dynamo's reason names only from the inside, in the user's terms.
 MAGIC_BREAK = "a %magic or !shell line (IPython runs it as plain Python, outside the graph)"
 OPTIMIZER_BREAK = "a torch._dynamo.graph_break() call (torch.optim's step() makes two per step)"
+BACKWARD_BREAK = "loss.backward() (autograd runs the compiled backward, outside the graph)"
+LOOP_BREAK = "a graph break inside a loop (Dynamo runs that loop uncompiled; the calls it makes compile)"
 _IPYTHON_FILE = re.compile(r"file `[^`]*[/\\]IPython[/\\]")
+_SKIPPED_FUNCTION = re.compile(r"marked as skipped.*?the function `(?P<name>[^`]+)`", re.S)
 
 
 def break_in_words(reason: str) -> str:
     """A graph break's reason as the user would say it: the magic line, the optimizer step,
-    else Dynamo's own explanation."""
+    ``backward()``, a function kept out of the graph, else Dynamo's own explanation."""
     if _IPYTHON_FILE.search(reason):
         return MAGIC_BREAK
     if "User-inserted graph break. Message: None" in reason:
         return OPTIMIZER_BREAK
+    if "Unsupported Tensor.backward() call" in reason:
+        return BACKWARD_BREAK
+    if reason.startswith("graph break in loop") or "\ngraph break in loop" in reason:
+        return LOOP_BREAK
+    skipped = _SKIPPED_FUNCTION.search(reason)
+    if skipped is not None:
+        return f"{skipped['name']} (runs outside the graph)"
     return _short(reason)
 
 

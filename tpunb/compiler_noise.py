@@ -18,6 +18,10 @@ from their code, or from PyTorch about their code outside the compilers) still s
 does everything in strict and debug mode; errors and the logs the user turned on
 (``TORCH_LOGS``, INFO and below) are never held back.
 
+A runtime can also hold back a warning it raises from its own code on the user's behalf
+(``hold_runtime_warnings``): TorchTPU reads a tensor's ``.grad`` inside every copy to the host,
+so each ``loss.item()`` warned about reading ``.grad`` of a non-leaf tensor.
+
 ``warnings.showwarning`` is wrapped, not replaced by a filter: ``warnings`` filters are
 process-wide and ``catch_warnings`` is not thread-safe, while the wrapper decides per call on
 the thread that warns. A handler filter on the ``torch`` loggers does the same for logs.
@@ -32,7 +36,7 @@ import sys
 import threading
 import warnings
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: Where PyTorch's compilers live, as package paths under ``torch/``.
@@ -61,8 +65,17 @@ THREAD_PREFIX = "tpunb-"
 #: How many held-back messages ``hidden()`` keeps.
 KEPT = 20
 
+#: Dynamo's helper whose cleanup error ``_QuietUnraisable`` drops (built now: at interpreter
+#: exit the hook still runs while module globals such as ``os`` may already be gone).
+_DYNAMO_UTILS = os.path.join("torch", "_dynamo", "utils.py")
+
+#: Says whether a warning (its text, file and line) is a runtime's own, raised on the user's
+#: behalf from code they did not write; such warnings are held back on every thread.
+RuntimeNoise = Callable[[str, str, int], bool]
+
 _state = threading.local()
 _hidden: deque[str] = deque(maxlen=KEPT)
+_runtime_noise: list[RuntimeNoise] = []
 
 
 def _on_tpunb_thread() -> bool:
@@ -114,7 +127,7 @@ class _QuietShowwarning:
         self.inner = inner
 
     def __call__(self, message: Any, category: type[Warning], filename: str, lineno: int, *rest: Any) -> None:
-        if _held_warning(filename):
+        if _held_warning(filename) or any(noise(str(message), filename, lineno) for noise in _runtime_noise):
             _hold(f"{category.__name__}: {message}")
             return
         self.inner(message, category, filename, lineno, *rest)
@@ -137,25 +150,31 @@ class _QuietUnraisable:
     """``sys.unraisablehook`` that drops one harmless error of Dynamo's: when compiled code
     dies, Dynamo deletes the helper globals it put into the frame's namespace, and a
     namespace ``%run`` cleared meanwhile no longer has them (``KeyError: '__builtins_dict___4'``,
-    printed as "Exception ignored in ..." at garbage collection)."""
+    printed as "Exception ignored in ..." at garbage collection). It keeps what it needs on
+    itself: at interpreter exit, when most of those errors come, module globals may be gone."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        self._dynamo_utils = _DYNAMO_UTILS
+        self._hold = _hold
 
     def __call__(self, unraisable: Any) -> None:
+        if self._dynamo_cleanup_error(unraisable):
+            self._hold(f"torch._dynamo cleanup: KeyError {unraisable.exc_value}")
+            return
+        self.inner(unraisable)
+
+    def _dynamo_cleanup_error(self, unraisable: Any) -> bool:
         error, trace = unraisable.exc_value, unraisable.exc_traceback
         while trace is not None and trace.tb_next is not None:
             trace = trace.tb_next
         code = trace.tb_frame.f_code if trace is not None else None
-        if (
+        return (
             isinstance(error, KeyError)
             and code is not None
             and code.co_name == "__call__"
-            and code.co_filename.endswith(os.path.join("torch", "_dynamo", "utils.py"))
-        ):
-            _hold(f"torch._dynamo cleanup: KeyError {error}")
-            return
-        self.inner(unraisable)
+            and code.co_filename.endswith(self._dynamo_utils)
+        )
 
 
 def _install() -> None:
@@ -175,6 +194,14 @@ def _install() -> None:
         for handler in logger.handlers:
             if _RECORD_FILTER not in handler.filters:
                 handler.addFilter(_RECORD_FILTER)
+
+
+def hold_runtime_warnings(noise: RuntimeNoise) -> None:
+    """Hold back, from now on and on every thread, the warnings ``noise`` says are the
+    runtime's own (kept in ``hidden()`` like the compilers')."""
+    if noise not in _runtime_noise:
+        _runtime_noise.append(noise)
+    _install()
 
 
 @contextlib.contextmanager

@@ -12,27 +12,52 @@ import contextlib
 import math
 import re
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from tpunb.debug_batch import HOST_READS, Finding, PendingChecks, float_tensors
 from tpunb.source import SourceLocation, is_internal_file, locate, location_of
 
 #: Ops whose outputs are uninitialised memory: garbage may look like NaN, so never check them.
 UNINITIALISED_OUTPUT_OPS = frozenset(
     {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_", "set_"}
 )
+#: Attention kernels return their result first and then bookkeeping that is left unset when
+#: not asked for (log-sum-exp without a backward, the debug mask): only the result is checked
+#: (on a TPU, generation's attention returned a NaN log-sum-exp beside a clean result).
+ATTENTION_OPS = ("_scaled_dot_product_", "_flash_attention_", "_efficient_attention_")
+
+
+def checked_outputs(func: torch._ops.OpOverload, out: Any) -> Any:
+    """The part of an op's outputs whose values mean something to check."""
+    if func.overloadpacket.__name__.startswith(ATTENTION_OPS) and isinstance(out, (tuple, list)):
+        return out[0]
+    return out
+
+
+#: ``DebugCheckError``'s default: the backward node running now, if any.
+_RUNNING_NOW: Any = object()
 
 
 class DebugCheckError(RuntimeError):
-    """A debug-mode check failed; the message names the op, its inputs and the user's line."""
+    """A debug-mode check failed; the message names the op, its inputs and the user's line.
+    ``backward_of`` is where a backward op's gradient came from (``origin_of``); by default
+    that of the op running now."""
 
-    def __init__(self, op: str, problem: str, details: Sequence[str], where: SourceLocation | None):
+    def __init__(
+        self,
+        op: str,
+        problem: str,
+        details: Sequence[str],
+        where: SourceLocation | None,
+        backward_of: tuple[str, SourceLocation | None] | None = _RUNNING_NOW,
+    ):
         self.op, self.problem, self.where = op, problem, where
-        self.backward_of = backward_origin()
+        self.backward_of = backward_origin() if backward_of is _RUNNING_NOW else backward_of
         lines = [f"{op} {problem}"]
         if self.backward_of is not None:
             node, forward = self.backward_of
@@ -50,7 +75,12 @@ def backward_origin() -> tuple[str, SourceLocation | None] | None:
     whose forward op created it. A NaN born in backward is reported at ``loss.backward()``,
     which says nothing about which forward op's gradient blew up; the node's forward stack
     (recorded by autograd's anomaly mode, which debug mode turns on) does."""
-    node = torch._C._current_autograd_node()
+    return origin_of(torch._C._current_autograd_node())
+
+
+def origin_of(node: Any) -> tuple[str, SourceLocation | None] | None:
+    """An autograd node's name and the user's line of the forward op that made it (None for
+    no node: the op ran in the forward)."""
     if node is None:
         return None
     frames = [_FRAME.search(entry) for entry in node.metadata.get("traceback_", [])]
@@ -72,25 +102,31 @@ def describe_value(value: Any) -> str:
     return repr(value)
 
 
-def _float_tensors(tree: Any) -> Iterator[torch.Tensor]:
-    for leaf in tree_leaves(tree):
-        if (
-            isinstance(leaf, torch.Tensor)
-            and (leaf.is_floating_point() or leaf.is_complex())
-            and leaf.numel() > 0
-            and leaf.device.type != "meta"
-        ):
-            yield leaf
-
-
 def _overflow(out: Any) -> str:
     """What an Inf in a reduced-precision result means: the dtype overflowed (%tpu_precision)."""
     dtypes = {t.dtype for t in tree_leaves(out) if isinstance(t, torch.Tensor)}
     low = [d for d in (torch.float16, torch.bfloat16) if d in dtypes]
-    if not low:
+    return _overflow_of(low[0] if low else None)
+
+
+def _overflow_of(dtype: torch.dtype | None) -> str:
+    if dtype is None:
         return ""
-    name = str(low[0]).removeprefix("torch.")
-    return f": a {name} overflow (its largest value is {torch.finfo(low[0]).max:.4g})"
+    name = str(dtype).removeprefix("torch.")
+    return f": a {name} overflow (its largest value is {torch.finfo(dtype).max:.4g})"
+
+
+def born_here(
+    out: tuple[bool, bool], inputs: tuple[bool, bool], allow_nan: bool, allow_inf: bool
+) -> tuple[str, str] | None:
+    """Whether an op whose outputs hold (NaN, Inf) and inputs (NaN, Inf) gave birth to one the
+    mode stops at: the problem in words (without an overflow's note) and the flag allowing it."""
+    (out_nan, out_inf), (in_nan, in_inf) = out, inputs
+    if out_nan and not in_nan and not allow_nan:
+        return "produced NaN from inputs without NaN", "--allow-nan"
+    if out_inf and not (in_nan or in_inf) and not allow_inf:
+        return "produced Inf from finite inputs", "--allow-inf"
+    return None
 
 
 def _non_finite(tree: Any) -> tuple[bool, bool]:
@@ -99,7 +135,7 @@ def _non_finite(tree: Any) -> tuple[bool, bool]:
     for leaf in tree_leaves(tree):
         if isinstance(leaf, float):
             nan, inf = nan or math.isnan(leaf), inf or math.isinf(leaf)
-    for tensor in _float_tensors(tree):
+    for tensor in float_tensors(tree):
         if bool(torch.isfinite(tensor).all()):
             continue
         nan = nan or bool(torch.isnan(tensor).any())
@@ -205,10 +241,21 @@ def out_of_bounds(func: torch._ops.OpOverload, args: Sequence[Any]) -> tuple[str
 class DebugChecks(TorchDispatchMode):
     """Run each op, wait for it, and check its inputs' indices and outputs' values."""
 
-    def __init__(self, *, allow_nan: bool, allow_inf: bool, synchronize: Callable[[], None] | None):
+    def __init__(
+        self,
+        *,
+        allow_nan: bool,
+        allow_inf: bool,
+        synchronize: Callable[[], None] | None,
+        deferred: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    ):
+        """``deferred``: where reading each op's check back costs milliseconds (a TPU), the
+        runtime's scope for work it defers; the NaN/Inf checks then gather there and are read
+        a few times per step (debug_batch.py). Index bounds are checked before each op as ever."""
         super().__init__()
         self.allow_nan, self.allow_inf = allow_nan, allow_inf
         self._synchronize = synchronize
+        self._pending = PendingChecks(deferred) if deferred is not None else None
         self.ops_checked = 0
         self._scopes: list[contextlib.ExitStack] = []
 
@@ -227,6 +274,10 @@ class DebugChecks(TorchDispatchMode):
             super().__exit__(*exc_info)
         finally:
             self._scopes.pop().close()
+        if self._pending is not None:
+            error = self._pending_error()  # read even when the block failed: forget them
+            if error is not None and exc_info[1] is None:
+                raise error
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         __tracebackhide__ = True  # IPython hides this frame; the user's line stays on top
@@ -234,6 +285,8 @@ class DebugChecks(TorchDispatchMode):
         error = bounds_error(func, args)
         if error is not None:
             raise error
+        if self._pending is not None:
+            return self._checked_later(func, args, kwargs)
         # An in-place op overwrites its input, so look at the inputs before it runs.
         inputs_before = _non_finite((args, kwargs)) if func._schema.is_mutable else None
         out = func(*args, **kwargs)
@@ -241,7 +294,7 @@ class DebugChecks(TorchDispatchMode):
             self._synchronize()
         self.ops_checked += 1
         if func.overloadpacket.__name__ not in UNINITIALISED_OUTPUT_OPS:
-            error = self._value_error(func, args, kwargs, out, inputs_before)
+            error = self._value_error(func, args, kwargs, checked_outputs(func, out), inputs_before)
             if error is not None:
                 raise error
         return out
@@ -250,17 +303,73 @@ class DebugChecks(TorchDispatchMode):
         """The error for a NaN or Inf born in this op (not carried in from its inputs)."""
         if self.allow_nan and self.allow_inf:
             return None
-        out_nan, out_inf = _non_finite(out)
-        if not (out_nan or out_inf):
+        out_kinds = _non_finite(out)
+        if not any(out_kinds):
             return None
-        in_nan, in_inf = inputs_before if inputs_before is not None else _non_finite((args, kwargs))
-        if out_nan and not in_nan and not self.allow_nan:
-            problem, hint = "produced NaN from inputs without NaN", "--allow-nan"
-        elif out_inf and not (in_nan or in_inf) and not self.allow_inf:
-            problem, hint = f"produced Inf from finite inputs{_overflow(out)}", "--allow-inf"
-        else:
+        in_kinds = inputs_before if inputs_before is not None else _non_finite((args, kwargs))
+        born = born_here(out_kinds, in_kinds, self.allow_nan, self.allow_inf)
+        if born is None:
             return None
-        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        details = [f"input {i}: {describe_value(t)}" for i, t in enumerate(tensors)]
-        details.append(f"to allow this: %tpu_mode debug {hint}")
-        return DebugCheckError(op_name(func), problem, details, locate())
+        problem, hint = born
+        if "Inf" in problem:
+            problem += _overflow(out)
+        return DebugCheckError(op_name(func), problem, [*_described(args, kwargs), _allowing(hint)], locate())
+
+    # --- checks read a few times per step (debug_batch.py) -----------------------------------
+
+    def _checked_later(self, func, args, kwargs):
+        __tracebackhide__ = True
+        pending = self._pending
+        name = func.overloadpacket.__name__
+        if name in HOST_READS or _copies_to_host(func, args, kwargs) or pending.full:
+            error = self._pending_error()
+            if error is not None:
+                raise error
+        inputs = float_tensors((args, kwargs))
+        before = pending.reduce(inputs) if func._schema.is_mutable else None
+        out = func(*args, **kwargs)
+        self.ops_checked += 1
+        if name not in UNINITIALISED_OUTPUT_OPS and not (self.allow_nan and self.allow_inf):
+            after = before if before is not None else pending.reduce(inputs)
+            pending.note(
+                op_name(func), after, checked_outputs(func, out), (args, kwargs), _described(args, kwargs)
+            )
+        return out
+
+    def _pending_error(self) -> DebugCheckError | None:
+        """Read the gathered checks; the error for the first op a NaN or Inf was born in."""
+        found = self._pending.read(lambda f: self._born(f) is not None)
+        if found is None:
+            return None
+        problem, hint = self._born(found)
+        op = found.op
+        if "Inf" in problem:
+            problem += _overflow_of(op.reduced_dtype)
+        return DebugCheckError(
+            op.name, problem, [*op.described, _allowing(hint)], op.where, origin_of(op.node)
+        )
+
+    def _born(self, found: Finding) -> tuple[str, str] | None:
+        out, inputs = (found.out_nan, found.out_inf), (found.in_nan, found.in_inf)
+        return born_here(out, inputs, self.allow_nan, self.allow_inf)
+
+
+def _described(args: Any, kwargs: Any) -> list[str]:
+    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    return [f"input {i}: {describe_value(t)}" for i, t in enumerate(tensors)]
+
+
+def _allowing(hint: str) -> str:
+    return f"to allow this: %tpu_mode debug {hint}"
+
+
+def _copies_to_host(func: torch._ops.OpOverload, args: Any, kwargs: Any) -> bool:
+    """A copy from the device to the CPU (``.cpu()``, ``.to("cpu")``, ``cpu_tensor.copy_(x)``)."""
+    name = func.overloadpacket.__name__
+    if name == "_to_copy":
+        device = kwargs.get("device")
+        return device is not None and torch.device(device).type == "cpu" and args[0].device.type != "cpu"
+    if name in ("copy_", "_copy_from"):
+        destination, source = args[0], args[1]
+        return destination.device.type == "cpu" and source.device.type != "cpu"
+    return False

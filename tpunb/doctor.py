@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tpunb.runtimes import RuntimeUnavailable, detect_runtime, resolve_choice
-from tpunb.runtimes.detect import cuda_device_name, installed
+from tpunb.runtimes.detect import chips_found, cuda_device_name, installed
 from tpunb.runtimes.hardware import TpuHardware, scan_tpu
-from tpunb.versions import distribution_version, release, torch_xla_mismatch
+from tpunb.versions import distribution_version, release, required_by, torch_xla_mismatch
 
 OK, INFO, WARN, ERROR = "ok", "info", "warn", "error"
 
@@ -97,11 +97,35 @@ def check_torch_pairs(versions: dict[str, str | None]) -> list[Check]:
     return checks
 
 
+def check_libtpu(versions: dict[str, str | None], needed: str | None) -> list[Check]:
+    """torch_tpu's libtpu: a machine can carry JAX's older one first on the path, and torch_tpu
+    then fails inside ``import torch`` (0.2.0 needs >= 0.0.50; a TPU image's JAX brought
+    0.0.42.1), or compiles nothing that uses Mosaic. ``needed`` is torch_tpu's own specifier."""
+    tpu, libtpu = versions.get("torch_tpu"), versions.get("libtpu")
+    if not tpu or not needed:
+        return []
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    fix = f"pip install 'libtpu{needed}'"
+    if libtpu is None:
+        missing = f"not installed; torch_tpu {tpu} needs libtpu{needed}: {fix}"
+        return [Check("libtpu for torch_tpu", ERROR, missing)]
+    try:
+        fits = Version(libtpu) in SpecifierSet(needed)
+    except InvalidVersion:
+        fits = False
+    if fits:
+        return [Check("libtpu for torch_tpu", OK, f"libtpu {libtpu}; torch_tpu {tpu} needs libtpu{needed}")]
+    detail = f"libtpu {libtpu} comes first on the path; torch_tpu {tpu} needs libtpu{needed}: {fix}"
+    return [Check("libtpu for torch_tpu", ERROR, detail)]
+
+
 def check_tpu(tpu: TpuHardware, versions: dict[str, str | None]) -> list[Check]:
     if not tpu.present:
         return [Check("TPU", INFO, "no TPU chip on the PCI bus and no /dev/accel* or /dev/vfio device")]
     devices = ", ".join(tpu.device_files) or "none"
-    found = f"{tpu.chips} chip(s), {tpu.generation or 'unknown generation'}; devices: {devices}"
+    found = f"{chips_found(tpu)}, {tpu.generation or 'unknown generation'}; devices: {devices}"
     checks = [Check("TPU", OK, found)]
     if tpu.held_by:
         pids = ", ".join(str(pid) for pid in tpu.held_by)
@@ -168,6 +192,7 @@ def run_checks() -> Report:
     report.tpu = {**asdict(tpu), "present": tpu.present}
     report.checks += check_versions(report.versions)
     report.checks += check_torch_pairs(report.versions)
+    report.checks += check_libtpu(report.versions, required_by("torch_tpu", "libtpu"))
     report.checks += check_tpu(tpu, report.versions)
     report.checks += check_runtime_settings(report.versions, os.environ, tpu)
     report.checks += check_cuda()

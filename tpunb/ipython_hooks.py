@@ -13,7 +13,7 @@ from tpunb.magics import TpuMagics
 from tpunb.report import cell_summary, load_line
 from tpunb.session import Session, get_session
 from tpunb.source import running_cell_number
-from tpunb.tracebacks import install_tracebacks, uninstall_tracebacks
+from tpunb.tracebacks import install_tracebacks, show_message_only, uninstall_tracebacks
 
 
 class CellHooks:
@@ -28,7 +28,13 @@ class CellHooks:
 
     def post_run_cell(self, result: Any) -> None:
         error = result.error_in_exec or result.error_before_exec
-        record = self.session.end_cell(error)
+        try:
+            record = self.session.end_cell(error)
+        except Exception as failure:  # deferred work failed as the cell's scope closed
+            show_message_only(self.shell, failure)
+            result.error_in_exec = failure  # the kernel replies with the cell's error
+            records = self.session.bus.recent("cell", 1)
+            record = records[0] if records else None
         if (
             record is not None
             and (record.mode != "strict" or record.precision != "fp32")
@@ -36,6 +42,10 @@ class CellHooks:
             and not (only_line_magics(result.info.raw_cell) and not record.error)
         ):
             print(cell_summary(record))
+        if result.error_in_exec is not None:
+            cell = record.cell if record is not None else running_cell_number(self.shell)
+            for line in self.session.explain_failure(result.error_in_exec, self.shell.user_ns, cell):
+                print(f"[tpunb] {line}")
 
     def register(self) -> None:
         self.shell.events.register("pre_run_cell", self.pre_run_cell)

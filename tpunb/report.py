@@ -5,10 +5,14 @@ Pure functions from data to strings, so the magics stay thin and the wording is 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tpunb.events import CellRun
 from tpunb.modes import MODE_DESCRIPTIONS, Mode
-from tpunb.runtimes import MemoryInfo
-from tpunb.session import Session
+from tpunb.runtimes import UNCOMPILED, MemoryInfo
+
+if TYPE_CHECKING:  # report formats what the session holds; it never drives one
+    from tpunb.session import Session
 
 #: A compile-mode cell's wait for background compiles shorter than this goes unmentioned.
 WAIT_WORTH_SAYING_S = 0.05
@@ -73,6 +77,9 @@ def cell_summary(record: CellRun) -> str:
         if record.graph_breaks:
             count = f"{record.graph_breaks} graph break{'s' if record.graph_breaks != 1 else ''}"
             parts.append(f"{count} ({record.break_reasons})" if record.break_reasons else count)
+        uncompiled = uncompiled_part(record.counters)
+        if uncompiled:
+            parts.append(uncompiled)
         if record.compile_waited_s >= WAIT_WORTH_SAYING_S:
             waited = record.compile_waited_s
             parts.append(f"waited {waited:.2f} s for fused groups compiling in the background")
@@ -88,6 +95,18 @@ def cell_summary(record: CellRun) -> str:
     if record.storm:
         line += f"\n[tpunb] {storm_line(record.storm)}"
     return f"{line}\n[tpunb] {record.slower}" if record.slower else line
+
+
+def uncompiled_part(counters: dict[str, float]) -> str | None:
+    """What a compile cell ran uncompiled, from the runtime's counters: ``ran uncompiled: 6
+    steps of AdamW, 1 graph with tensors off the TPU``."""
+    counted = []
+    for key, count in counters.items():
+        if key.startswith(UNCOMPILED) and count > 0:
+            head, _, rest = key.removeprefix(UNCOMPILED).partition(" ")
+            noun = f"{head}s {rest}" if count != 1 else f"{head} {rest}"
+            counted.append(f"{int(count)} {noun.strip()}")
+    return f"{UNCOMPILED}{', '.join(counted)}" if counted else None
 
 
 def storm_line(storm: str) -> str:

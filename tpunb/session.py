@@ -242,15 +242,29 @@ class Session:
         self._activate()
 
     def end_cell(self, error: BaseException | None) -> CellRun | None:
-        """Close the cell's scope, wait for its device work and record what it did."""
+        """Close the cell's scope, wait for its device work and record what it did. Work the
+        cell deferred can fail as its scope closes (a fused group's last flush, the device's
+        queue): that error is the cell's, recorded and then raised."""
         cell, self._cell = self._cell, None
+        closing: Exception | None = None
         try:
             self._deactivate()
             self.runtime.synchronize()
-        finally:
-            record = self._record(cell, error) if cell is not None else None
-            self._apply_pending()
+        except Exception as failure:
+            closing = failure
+        record = self._record(cell, error or closing) if cell is not None else None
+        self._apply_pending()
+        if closing is not None and error is None:  # a cell that failed already shows its own error
+            raise closing
         return record
+
+    def explain_failure(self, error: BaseException, namespace: dict[str, Any], cell: int | None) -> list[str]:
+        """What the runtime says about a cell's error, when the device failed (lines to show
+        after the traceback); never raises: a cell's error is already being reported."""
+        try:
+            return self.runtime.after_failure(error, namespace, cell)
+        except Exception as failure:  # the device may be too broken to look at
+            return [f"could not look at the device after the failure ({type(failure).__name__}: {failure})"]
 
     def _apply_pending(self) -> None:
         """Requests kept while a cell ran (or made from another thread) take effect now."""

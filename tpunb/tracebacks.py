@@ -5,10 +5,11 @@ debug scope, a compiled cell), passes through tpunb's magic, its dispatch modes,
 autograd and Dynamo: 40 to 280 lines, the first frame ``get_ipython().run_cell_magic(...)``,
 frames of ``fuse/flush.py`` that read like a tpunb bug, and the line that explains at the
 bottom. Where tpunb is among the frames, the traceback IPython shows keeps only the user's
-frames: the magic's call, tpunb's, PyTorch's (``torch``, ``torch_xla``, ``torch_tpu``) and
-IPython's own frames go, and so does a chained exception none of whose frames are the user's
-(tpunb's errors repeat its message). A cell in strict mode, which tpunb leaves alone, fails
-exactly as in plain IPython. ``%xmode Verbose`` or ``TPUNB_VERBOSE_ERRORS=1`` shows it all.
+frames: the magic's call, tpunb's, PyTorch's (``torch``, ``torch_xla``, ``torch_tpu``),
+IPython's and the standard library's frames go (``source.is_internal_file``), and so does a
+chained exception none of whose frames are the user's (tpunb's errors repeat its message). A
+cell in strict mode, which tpunb leaves alone, fails exactly as in plain IPython. ``%xmode
+Verbose`` or ``TPUNB_VERBOSE_ERRORS=1`` shows it all.
 
 Only what is shown changes: the exception, its type, message, traceback and chain, reach
 ``sys.last_value``, ``%debug`` and the kernel reply's ename and evalue unchanged; syntax errors, usage errors
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import linecache
 import os
 import sys
@@ -28,27 +28,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-#: Packages whose frames are internals to a notebook user (beside tpunb's own).
-HIDDEN_PACKAGES = ("torch", "torch_xla", "torch_tpu", "IPython", "ipykernel")
+from tpunb.source import is_internal_file
+
 #: A frame at a tpunb cell magic: its call, as IPython compiles the cell, or its header line
 #: (where a compiled cell's wrapper runs).
 MAGIC_LINES = ("get_ipython().run_cell_magic('tpu_", "%%tpu_")
 VERBOSE_ENV = "TPUNB_VERBOSE_ERRORS"
 
 
-def _package_dir(name: str) -> str | None:
-    spec = importlib.util.find_spec(name)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    return str(Path(locations[0]).resolve()) + os.sep if locations else None
-
-
 _TPUNB_DIR = str(Path(__file__).resolve().parent) + os.sep
 _ORIGINAL_ATTR = "_tpunb_original_showtraceback"
-
-
-@functools.cache
-def _hidden_dirs() -> tuple[str, ...]:
-    return (_TPUNB_DIR, *(d for name in HIDDEN_PACKAGES if (d := _package_dir(name)) is not None))
 
 
 def install_tracebacks(shell: Any) -> None:
@@ -84,6 +73,17 @@ def _show(shell: Any, exc_tuple: tuple | None = None, *args: Any, **kwargs: Any)
     sys.last_traceback = tb
 
 
+def show_message_only(shell: Any, error: BaseException) -> None:
+    """Show an error no frame of the user's raised (a cell's deferred work failing as its scope
+    closed after the cell's code had run): its message, which names the line that recorded the
+    work, without tpunb's frames or a chained error raised wholly inside internals.
+    ``%debug`` still walks every frame."""
+    original = getattr(shell, _ORIGINAL_ATTR, None) or shell.showtraceback
+    with _internal_chain_hidden(error):
+        original((type(error), error, None))
+    sys.last_type, sys.last_value, sys.last_traceback = type(error), error, error.__traceback__
+
+
 def _through_tpunb(tb: TracebackType | None) -> bool:
     return any(_file(frame).startswith(_TPUNB_DIR) for frame in _frames(tb))
 
@@ -103,7 +103,7 @@ def users_frames(tb: TracebackType | None) -> TracebackType | None:
 
 def _users(tb: TracebackType) -> bool:
     filename = _file(tb)
-    if filename.startswith(_hidden_dirs()) or tb.tb_frame.f_locals.get("__tracebackhide__"):
+    if is_internal_file(filename) or tb.tb_frame.f_locals.get("__tracebackhide__"):
         return False
     return not linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).startswith(MAGIC_LINES)
 

@@ -31,3 +31,19 @@ def torch_xla_mismatch(torch: str | None, xla: str | None) -> str | None:
         f"torch {torch} and torch_xla {xla} must be the same release: "
         f"pip install torch=={wanted} 'torch_xla[tpu]=={wanted}'"
     )
+
+
+def required_by(distribution: str, dependency: str) -> str | None:
+    """The version specifier ``distribution`` declares for ``dependency`` (``>=0.0.50`` for
+    torch_tpu's libtpu), or None where it is not installed or declares none."""
+    from packaging.requirements import Requirement
+
+    try:
+        requirements = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for text in requirements:
+        requirement = Requirement(text)
+        if requirement.name.lower() == dependency.lower() and requirement.marker is None:
+            return str(requirement.specifier) or None
+    return None

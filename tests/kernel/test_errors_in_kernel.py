@@ -88,3 +88,18 @@ def test_a_strict_cell_fails_as_in_plain_ipython(tensors) -> None:
     syntax = tensors.run("x = (1,")
     assert syntax.error["ename"] == "SyntaxError"
     assert any("SyntaxError" in x for x in shown(syntax))
+
+
+def test_deferred_work_failing_as_a_default_fused_cell_ends_is_the_cells_error(tensors) -> None:
+    """With fused the default, a cell's last group runs as its scope closes, after its code: a
+    failure there is the cell's error (the reply says so), shown as its message naming the line
+    that recorded the op, not as an error in a callback with tpunb's frames."""
+    assert tensors.run("%tpu_mode fused").error is None
+    result = tensors.run("idx = torch.tensor([1, 7])\nout = emb(idx) * 2")
+    assert result.error is not None and result.error["ename"] == "FusedOpError", result
+    lines = shown(result)
+    assert not any(re.match(r"^(Cell In\[\d+\]|File )", x) for x in lines), lines
+    assert "index 7 is out of bounds" in lines[-2] and "line 2: out = emb(idx) * 2" in lines[-1], lines
+    assert "Error in callback" not in result.stdout + result.stderr
+    assert re.search(r"^\[tpunb\] fused · .* · failed: FusedOpError$", result.stdout, re.M), result.stdout
+    assert tensors.run("%tpu_mode strict").error is None

@@ -145,3 +145,18 @@ def test_a_profiled_cell_reports_on_torchtpu(tpu_kernel: Kernel, tmp_path: Path)
     )
     assert any(op["name"] == "aten::mm" and op["calls"] == 3 for op in report["top_ops"]), report["top_ops"]
     assert Path(report["trace_path"]).parent == tmp_path and report["device_trace"] is None
+
+
+def test_a_compile_cell_keeps_the_optimizer_out_of_torchtpus_compiler(tpu_kernel: Kernel) -> None:
+    """TorchTPU's compiled steps failed or trained wrongly on a chip: a compile cell runs
+    torch.optim outside Dynamo, with backward() a graph break, and says so; TorchTPU's own
+    Dynamo setting (trace_autograd_ops, which its import turns on) is back afterwards."""
+    code = (
+        "%%tpu_mode compile\nm = torch.nn.Linear(4, 2)\nopt = torch.optim.AdamW(m.parameters())\n"
+        "for _ in range(2):\n    loss = m(torch.ones(3, 4)).sum()\n    loss.backward()\n"
+        "    opt.step()\n    opt.zero_grad()"
+    )
+    result = tpu_kernel.run(code)
+    assert result.error is None, result.error
+    assert "ran uncompiled: 2 steps of AdamW" in result.stdout, result.stdout
+    assert tpu_kernel.value("torch._dynamo.config.trace_autograd_ops") is True

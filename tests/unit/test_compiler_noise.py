@@ -128,3 +128,49 @@ def test_dynamos_cleanup_of_a_helper_a_cleared_namespace_lost_is_dropped(monkeyp
     del broken
     assert [type(u.exc_value) for u in reached] == [ValueError]
     assert "torch._dynamo cleanup: KeyError '__builtins_dict___9'" in compiler_noise.hidden()
+
+
+def test_a_runtimes_own_warning_is_held_back_and_the_users_shows(shown, monkeypatch):
+    """TorchTPU reads ``.grad`` inside every copy to the host; the same warning from a line
+    of the user's that reads ``.grad`` still shows."""
+    import torch
+
+    from tpunb.runtimes.torchtpu import grad_read_is_torchtpus
+
+    monkeypatch.setattr(compiler_noise, "_runtime_noise", [])
+    compiler_noise.hold_runtime_warnings(grad_read_is_torchtpus)
+    loss = (torch.ones(2, requires_grad=True) * 2).sum()
+    read = getattr  # as TorchTPU's copy to the host reads it: this line never names the attribute
+    read(loss, "gr" + "ad")
+    assert loss.grad is None  # the user's own read
+    assert len(shown) == 1 and "not a leaf Tensor" in str(shown[0].message)
+    assert any("not a leaf Tensor" in held for held in compiler_noise.hidden())
+
+
+def test_the_unraisable_hook_works_while_its_module_is_torn_down(monkeypatch, capsys):
+    """At interpreter exit, when Dynamo's cleanups run, a module's globals can be gone (the
+    hook raised ``'NoneType' object has no attribute 'path'`` four times on a TPU machine): it
+    keeps what it needs on itself."""
+    import gc
+    import sys
+
+    from torch._dynamo.utils import CleanupHook, CleanupManager
+
+    reached: list = []
+    monkeypatch.setattr(sys, "unraisablehook", reached.append)
+    with compiler_noise.quiet():
+        pass  # installs the hook over the one above
+    for name in ("_DYNAMO_UTILS", "_hold", "os"):
+        monkeypatch.setattr(compiler_noise, name, None)  # as at exit
+
+    class Compiled:
+        pass
+
+    scope: dict = {}
+    compiled = Compiled()
+    CleanupManager.instance[compiled] = [CleanupHook.create(scope, "__builtins_dict___8", {})]
+    scope.clear()
+    del compiled
+    gc.collect()
+    assert reached == []
+    assert "Exception ignored" not in capsys.readouterr().err  # the hook itself did not fail

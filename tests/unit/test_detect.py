@@ -17,8 +17,8 @@ from tpunb.runtimes import (
     detect_runtime,
     resolve_choice,
 )
-from tpunb.runtimes.detect import RuntimeChoice, installed
-from tpunb.runtimes.hardware import TpuHardware, device_files, holders, scan_pci
+from tpunb.runtimes.detect import RuntimeChoice, chips_found, installed
+from tpunb.runtimes.hardware import PciChip, TpuHardware, device_files, holders, scan_pci
 
 NO_TPU = TpuHardware()
 TPU = TpuHardware(chips=4, generation="v6e", device_files=("/dev/vfio/0",))
@@ -72,16 +72,29 @@ def write(path, text):
     path.write_text(text + "\n")
 
 
+def pci_device(sysfs, address, vendor, device, iommu_group=None):
+    write(sysfs / address / "vendor", vendor)
+    write(sysfs / address / "device", device)
+    if iommu_group is not None:
+        (sysfs / address / "iommu_group").symlink_to(sysfs.parent / "iommu_groups" / iommu_group)
+
+
 def test_pci_scan_reads_google_tpu_devices(tmp_path):
-    write(tmp_path / "0000:00:04.0" / "vendor", "0x1ae0")
-    write(tmp_path / "0000:00:04.0" / "device", "0x006f")
-    write(tmp_path / "0000:00:05.0" / "vendor", "0x1ae0")
-    write(tmp_path / "0000:00:05.0" / "device", "0x0063")
-    write(tmp_path / "0000:00:06.0" / "vendor", "0x1ae0")  # a Google device that is not a TPU
-    write(tmp_path / "0000:00:06.0" / "device", "0x0001")
-    write(tmp_path / "0000:00:07.0" / "vendor", "0x10de")  # NVIDIA
-    write(tmp_path / "0000:00:07.0" / "device", "0x2330")
-    assert scan_pci(str(tmp_path)) == ["v6e", "v5e"]
+    sysfs, dev = tmp_path / "sys", tmp_path / "dev"
+    pci_device(sysfs, "0000:00:04.0", "0x1ae0", "0x006f", iommu_group="3")
+    pci_device(sysfs, "0000:00:05.0", "0x1ae0", "0x0063", iommu_group="4")
+    pci_device(sysfs, "0000:00:06.0", "0x1ae0", "0x0001")  # a Google device that is not a TPU
+    pci_device(sysfs, "0000:00:07.0", "0x10de", "0x2330")  # NVIDIA
+    write(dev / "vfio" / "3", "")
+    assert scan_pci(str(sysfs), str(dev)) == [PciChip("v6e", usable=True), PciChip("v5e", usable=False)]
+
+
+def test_a_host_with_accel_files_can_use_every_chip_on_its_bus(tmp_path):
+    sysfs, dev = tmp_path / "sys", tmp_path / "dev"
+    pci_device(sysfs, "0000:00:04.0", "0x1ae0", "0x005e")
+    pci_device(sysfs, "0000:00:05.0", "0x1ae0", "0x005e")
+    write(dev / "accel0", "")
+    assert scan_pci(str(sysfs), str(dev)) == [PciChip("v4", usable=True)] * 2
 
 
 def test_device_files_list_accel_and_numbered_vfio(tmp_path):
@@ -108,3 +121,9 @@ def test_holders_finds_another_process_with_the_file_open(tmp_path):
     while holders([str(device)]) and time.time() < deadline:
         time.sleep(0.05)
     assert holders([str(device)]) == []
+
+
+def test_chips_are_counted_as_this_machine_can_use_them():
+    one_of_four = TpuHardware(chips=1, generation="v5e", device_files=("/dev/vfio/3",), on_bus=4)
+    assert chips_found(one_of_four) == "1 TPU chip found (the PCI bus shows 4)"
+    assert chips_found(TpuHardware(chips=4, generation="v4", on_bus=4)) == "4 TPU chips found"

@@ -7,7 +7,16 @@ import os
 import subprocess
 import sys
 
-from tpunb.doctor import ERROR, INFO, OK, WARN, check_runtime_settings, check_torch_pairs, check_tpu
+from tpunb.doctor import (
+    ERROR,
+    INFO,
+    OK,
+    WARN,
+    check_libtpu,
+    check_runtime_settings,
+    check_torch_pairs,
+    check_tpu,
+)
 from tpunb.runtimes.hardware import TpuHardware
 from tpunb.versions import release
 
@@ -41,6 +50,19 @@ def test_torch_and_torch_xla_must_match():
 def test_torch_tpu_needs_a_torch_in_its_range():
     assert check_torch_pairs({"torch": "2.13.0", "torch_tpu": "0.2.0"})[0].status == OK
     assert check_torch_pairs({"torch": "2.9.0", "torch_tpu": "0.2.0"})[0].status == ERROR
+
+
+def test_a_libtpu_older_than_torch_tpu_needs_is_named_with_the_fix():
+    # a TPU machine whose JAX brought libtpu 0.0.42.1, first on the path
+    old = check_libtpu({"torch_tpu": "0.2.0", "libtpu": "0.0.42.1"}, ">=0.0.50")
+    assert [c.status for c in old] == [ERROR]
+    assert old[0].detail == (
+        "libtpu 0.0.42.1 comes first on the path; torch_tpu 0.2.0 needs libtpu>=0.0.50: "
+        "pip install 'libtpu>=0.0.50'"
+    )
+    assert check_libtpu({"torch_tpu": "0.2.0", "libtpu": "0.0.51"}, ">=0.0.50")[0].status == OK
+    assert "not installed" in check_libtpu({"torch_tpu": "0.2.0"}, ">=0.0.50")[0].detail
+    assert check_libtpu({"libtpu": "0.0.51"}, None) == []  # no torch_tpu: nothing to check
 
 
 def test_busy_tpu_is_an_error_naming_the_process():

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from tpunb.advice import CellTimes, fused_slower
 from tpunb.events import CellRun, FusionGroup
-from tpunb.report import cell_summary, format_bytes
+from tpunb.report import cell_summary, format_bytes, format_memory
+from tpunb.runtimes import MemoryInfo
 
 
 def test_bytes_read_naturally_and_unknown_is_not_zero():
@@ -10,6 +11,16 @@ def test_bytes_read_naturally_and_unknown_is_not_zero():
     assert format_bytes(0) == "0 B"
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(16 * 1024**3) == "16.0 GiB"
+
+
+def test_a_memory_figure_the_device_cannot_hold_is_unknown_never_shown():
+    gib = 1024**3
+    # TorchTPU under a libtpu it was not built for read a 127 TiB peak on a 16 GiB chip
+    broken = MemoryInfo(used=-1, peak=139 * 1024**4, limit=16 * gib, label="HBM")
+    assert (broken.used, broken.peak) == (None, None)
+    assert format_memory(broken) == "HBM n/a / 16.0 GiB"
+    sane = MemoryInfo(used=gib, peak=2 * gib, limit=16 * gib, label="HBM")
+    assert (sane.used, sane.peak) == (gib, 2 * gib)
 
 
 def run(**changes) -> CellRun:
@@ -24,6 +35,15 @@ def run(**changes) -> CellRun:
         error=None,
     )
     return CellRun(**{**base, **changes})
+
+
+def test_a_compile_cell_says_what_it_ran_uncompiled():
+    counters = {"ran uncompiled: step of AdamW": 6, "ran uncompiled: graph with tensors off the TPU": 1}
+    line = cell_summary(run(mode="compile", compiled_graphs=2, counters=counters))
+    assert line == (
+        "[tpunb] compile · 1.23 s · 2 graphs compiled · "
+        "ran uncompiled: 6 steps of AdamW, 1 graph with tensors off the TPU"
+    )
 
 
 def test_summary_shows_only_what_is_known_and_non_zero():

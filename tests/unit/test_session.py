@@ -160,3 +160,10 @@ def test_public_functions_survive_subpackage_imports():
 
     assert callable(tpunb.runtime) and tpunb.runtime().name == "native"
     assert callable(tpunb.monitor) and tpunb.monitor().startswith("tpunb monitor · native on cpu")
+
+
+def test_the_device_tensors_belong_on_is_a_torch_device():
+    import tpunb
+
+    assert tpunb.device() == torch.device("cpu")  # the native runtime on this machine
+    assert torch.ones(1, device=tpunb.device()).device.type == "cpu"

@@ -10,6 +10,7 @@ from dataclasses import replace
 from tpunb.events import Record
 from tpunb.runtimes.base import (
     CPU_FALLBACK,
+    UNCOMPILED,
     CacheDirError,
     CacheStats,
     MemoryInfo,
@@ -30,6 +31,7 @@ __all__ = [
     "ADAPTERS",
     "CPU_FALLBACK",
     "PACKAGES",
+    "UNCOMPILED",
     "CacheDirError",
     "CacheStats",
     "MemoryInfo",

@@ -6,7 +6,7 @@ a new backend is one module that answers these few questions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,6 +24,13 @@ class MemoryInfo:
     label: str  # what the numbers measure: "HBM", "CUDA memory", "host RSS"
 
     def __post_init__(self) -> None:
+        # A figure below zero or above the device's capacity is a counter that cannot be
+        # trusted (TorchTPU under a libtpu it was not built for reported a 127 TiB peak on a
+        # 16 GiB chip): it is unknown, never shown.
+        for name in ("used", "peak"):
+            value = getattr(self, name)
+            if value is not None and (value < 0 or (self.limit is not None and value > self.limit)):
+                object.__setattr__(self, name, None)
         # Used and peak come from two readings (the host's RSS now and the kernel's high-water
         # mark; a device's live bytes and its counter), which can cross by a page: a peak
         # shown below current use (493.4 MiB used, 493.2 MiB peak) reads as a bug.
@@ -114,6 +121,14 @@ class Runtime(Protocol):
         on the host because the device has no kernel for them."""
         ...
 
+    def after_failure(
+        self, error: BaseException, namespace: Mapping[str, Any], cell: int | None
+    ) -> list[str]:
+        """A cell raised ``error``: if the device failed (out of memory, a value lost with a
+        failed computation), restore what the runtime can and say, in lines for the user, what
+        happened, what is lost and what brings it back; [] for the user's own errors."""
+        ...
+
     def default_changed(self, config: ModeConfig) -> None:
         """The notebook's default mode is now ``config``: a runtime with a process-wide mode
         setting follows it, so threads a cell starts run in the default mode too."""
@@ -137,6 +152,9 @@ class Runtime(Protocol):
 
 #: Prefix of ``Runtime.counters`` keys that count host fallbacks of one op.
 CPU_FALLBACK = "cpu fallback: "
+#: Prefix of ``Runtime.counters`` keys that count what compile cells ran uncompiled, by a noun
+#: phrase whose first word takes the plural ("step of AdamW": "6 steps of AdamW").
+UNCOMPILED = "ran uncompiled: "
 
 
 class CacheDirError(ValueError):

@@ -46,6 +46,12 @@ def cuda_device_name() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
+def chips_found(tpu: TpuHardware) -> str:
+    """``1 TPU chip found``, and where the bus shows more than this machine can use, how many."""
+    found = f"{tpu.chips} TPU chip{'s' if tpu.chips != 1 else ''} found"
+    return f"{found} (the PCI bus shows {tpu.on_bus})" if tpu.on_bus > tpu.chips else found
+
+
 def detect_runtime(env: Mapping[str, str] | None = None, tpu: TpuHardware | None = None) -> RuntimeChoice:
     env = os.environ if env is None else env
     requested = env.get(ENV_VAR, "").strip().lower()
@@ -57,7 +63,7 @@ def detect_runtime(env: Mapping[str, str] | None = None, tpu: TpuHardware | None
         return RuntimeChoice(requested, f"{ENV_VAR}={requested}", explicit=True)
     tpu = scan_tpu() if tpu is None else tpu
     if tpu.chips and installed("torch_tpu"):
-        return RuntimeChoice("torchtpu", f"torch_tpu installed and {tpu.chips} TPU chip(s) found")
+        return RuntimeChoice("torchtpu", f"torch_tpu installed and {chips_found(tpu)}")
     if installed("torch_xla"):
         if tpu.present:
             return RuntimeChoice("xla", "torch_xla installed and a TPU found")

@@ -26,12 +26,15 @@ TPU_PCI_DEVICES = {
 
 @dataclass(frozen=True)
 class TpuHardware:
-    """What the host exposes: TPU chips on the PCI bus and the device files that drive them."""
+    """What the host exposes: the TPU chips this process can open, the device files that drive
+    them, and the chips on the PCI bus (a VM can see more there than it may use: a v5litepod-4
+    host that hands one chip to this machine shows 4 on the bus and one VFIO group)."""
 
     chips: int = 0
     generation: str | None = None
     device_files: tuple[str, ...] = ()
     held_by: tuple[int, ...] = field(default=())  # other processes with a device file open
+    on_bus: int = 0
 
     @property
     def present(self) -> bool:
@@ -46,16 +49,35 @@ def _read(path: str) -> str:
         return ""
 
 
-def scan_pci(sysfs: str = "/sys/bus/pci/devices") -> list[str]:
-    """Generations of the TPU chips on the PCI bus, one entry per chip."""
+@dataclass(frozen=True)
+class PciChip:
+    """One TPU chip on the PCI bus, and whether this machine exposes it to processes."""
+
+    generation: str
+    usable: bool
+
+
+def scan_pci(sysfs: str = "/sys/bus/pci/devices", dev: str = "/dev") -> list[PciChip]:
+    """The TPU chips on the PCI bus. A chip is usable, as TorchTPU counts it, when its IOMMU
+    group has a ``/dev/vfio`` file, or when the host drives its chips through ``/dev/accel*``
+    (older TPU VMs, where every chip on the bus has one)."""
+    accel = bool(glob.glob(os.path.join(dev, "accel*")))
     found = []
     for device in sorted(glob.glob(os.path.join(sysfs, "*"))):
         if _read(os.path.join(device, "vendor")).lower() != GOOGLE_PCI_VENDOR:
             continue
         generation = TPU_PCI_DEVICES.get(_read(os.path.join(device, "device")).lower())
         if generation:
-            found.append(generation)
+            found.append(PciChip(generation, accel or _vfio_group_exposed(device, dev)))
     return found
+
+
+def _vfio_group_exposed(device: str, dev: str) -> bool:
+    try:
+        group = os.path.basename(os.readlink(os.path.join(device, "iommu_group")))
+    except OSError:
+        return False
+    return os.path.exists(os.path.join(dev, "vfio", group))
 
 
 def device_files(dev: str = "/dev") -> list[str]:
@@ -95,11 +117,12 @@ def scan_tpu(check_holders: bool = False) -> TpuHardware:
     """The TPU picture of this host; ``check_holders`` also scans /proc (slower)."""
     chips = scan_pci()
     files = device_files()
-    generation = chips[0] if chips else None
+    generation = chips[0].generation if chips else None
     if generation is None and files:
         generation = _generation_from_env()
     held = tuple(holders(files)) if check_holders else ()
-    return TpuHardware(len(chips), generation, tuple(files), held)
+    usable = sum(chip.usable for chip in chips)
+    return TpuHardware(usable, generation, tuple(files), held, on_bus=len(chips))
 
 
 def _generation_from_env() -> str | None:

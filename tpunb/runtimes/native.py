@@ -12,7 +12,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -135,6 +135,11 @@ class NativeRuntime:
 
     def counters(self) -> dict[str, float]:
         return {}  # the fused engine reports through FusionGroup records and cache_stats
+
+    def after_failure(
+        self, error: BaseException, namespace: Mapping[str, Any], cell: int | None
+    ) -> list[str]:
+        return []  # its errors say what failed themselves (CUDA's out-of-memory names its figures)
 
     def default_changed(self, config: ModeConfig) -> None:
         """Modes here are per-thread scopes opened by the session; choosing fused or compile

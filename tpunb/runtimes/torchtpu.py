@@ -6,7 +6,8 @@ debug is ``DEFER_NEVER_AND_LAUNCH_BLOCKING`` (which also turns on TorchTPU's own
 checks; tpunb adds its NaN/Inf origin checks), fused is ``DEFER_AND_FUSE``. A cell runs
 under ``torch.tpu.set_eager_mode`` (a per-thread stack that restores on error), and the
 default follows ``%tpu_mode`` through the global ``torch.tpu.eager_mode`` so threads a cell
-starts see it too. Compile mode is ``torch.compile(backend="tpu", dynamic=False)``.
+starts see it too. Compile mode is ``torch.compile`` with TorchTPU's ``"tpu"`` compiler,
+handed only what it compiles correctly (torchtpu_compile.py), fused around it.
 
 Every TorchTPU API used here is experimental or private, so each is reached through
 ``_tpu_api`` or guarded, and a missing one degrades to "unknown", never to a crash.
@@ -15,23 +16,28 @@ Every TorchTPU API used here is experimental or private, so each is reached thro
 from __future__ import annotations
 
 import contextlib
+import linecache
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from tpunb import compiler_noise
 from tpunb.debug import DebugChecks
 from tpunb.events import FusionGroup, GroupStatus, Record
 from tpunb.modes import Mode, ModeConfig
-from tpunb.runtimes.base import CacheDirError, CacheStats, MemoryInfo
+from tpunb.runtimes.base import UNCOMPILED, CacheDirError, CacheStats, MemoryInfo
+from tpunb.runtimes.torchtpu_compile import DeviceGuardedBackend, OptimizerSteps, compile_cell_scope
+from tpunb.runtimes.torchtpu_recovery import TpuRecovery
 
-#: tpunb mode -> TorchTPU eager mode; compile cells run strict around their compiled graphs.
+#: tpunb mode -> TorchTPU eager mode; compile cells run fused around their compiled graphs
+#: (the optimizer's step among them: torchtpu_compile.py).
 EAGER_MODES = {
     Mode.DEBUG: "DEFER_NEVER_AND_LAUNCH_BLOCKING",
     Mode.STRICT: "DEFER_NEVER",
     Mode.FUSED: "DEFER_AND_FUSE",
-    Mode.COMPILE: "DEFER_NEVER",
+    Mode.COMPILE: "DEFER_AND_FUSE",
 }
 
 #: TorchTPU's shared compile cache (a local path or gs://); read once, at the first TPU use.
@@ -48,6 +54,18 @@ def _quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="<TorchTpu/ApiStage/")
         yield
+
+
+#: PyTorch's warning on reading ``.grad`` of a tensor autograd does not fill in.
+NON_LEAF_GRAD_WARNING = "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+
+
+def grad_read_is_torchtpus(message: str, filename: str, lineno: int) -> bool:
+    """Whether a non-leaf ``.grad`` warning comes from TorchTPU rather than the user's code.
+    TorchTPU's copy to the host also copies the source's ``.grad``, reading it, so every
+    ``loss.item()`` warned at the user's line; a line that does not say ``.grad`` did not
+    read it (the line is where the warning points, in the cell or a library)."""
+    return message.startswith(NON_LEAF_GRAD_WARNING) and ".grad" not in linecache.getline(filename, lineno)
 
 
 def tpu_chip_count() -> int:
@@ -82,6 +100,10 @@ class TorchTpuRuntime:
         self.device = "tpu:0" if self.present else "cpu (no TPU present)"
         self.autocast_device = "tpu" if self.present else "cpu"  # without a chip tensors stay on the CPU
         self._group_handler = _attach_group_handler(self._publish)
+        compiler_noise.hold_runtime_warnings(grad_read_is_torchtpus)
+        self._compiler: DeviceGuardedBackend | None = None  # made at the first compile
+        self._optimizer_steps = OptimizerSteps()
+        self._recovery = TpuRecovery(torch)
 
     # --- modes ----------------------------------------------------------------------------
 
@@ -100,14 +122,38 @@ class TorchTpuRuntime:
             with _quiet():
                 stack.enter_context(self._tpu.set_eager_mode(self._eager_mode(config.mode)))
             if config.mode is Mode.DEBUG:  # launch-blocking already waits after each op
-                stack.enter_context(
-                    DebugChecks(allow_nan=config.allow_nan, allow_inf=config.allow_inf, synchronize=None)
+                checks = DebugChecks(
+                    allow_nan=config.allow_nan,
+                    allow_inf=config.allow_inf,
+                    synchronize=None,
+                    deferred=self._deferred,  # a read costs 5 ms here: gather the NaN/Inf checks
                 )
+                stack.enter_context(checks)
+            if config.mode is Mode.COMPILE:
+                stack.enter_context(compile_cell_scope(self._optimizer_steps))
             try:
                 yield
-            finally:
-                if config.mode is Mode.FUSED:
-                    self.synchronize()  # deferred errors surface in this cell, not the next
+            except BaseException:
+                with contextlib.suppress(Exception):  # the block's own error is the one to show
+                    self.synchronize()
+                raise
+            if config.mode in (Mode.FUSED, Mode.COMPILE):
+                self.synchronize()  # deferred errors surface in this cell, not the next
+
+    def after_failure(
+        self, error: BaseException, namespace: Mapping[str, Any], cell: int | None
+    ) -> list[str]:
+        if not self.present:
+            return []
+        return self._recovery.after_failure(error, namespace, cell, self.memory())
+
+    @contextlib.contextmanager
+    def _deferred(self) -> Iterator[None]:
+        """Ops in the block are deferred and fused (debug mode's checks, read a few times a step)."""
+        with _quiet():
+            deferring = self._tpu.set_eager_mode(self._eager_mode(Mode.FUSED))
+        with deferring:
+            yield
 
     def default_changed(self, config: ModeConfig) -> None:
         with _quiet():
@@ -129,17 +175,27 @@ class TorchTpuRuntime:
         if not self.present:
             return None
         accelerator = self._torch.accelerator
-        try:
-            with _quiet():
-                limit = self._tpu.get_device_properties().total_memory
-        except (RuntimeError, AttributeError):  # a generation TorchTPU's table does not know
-            limit = None
         return MemoryInfo(
             used=accelerator.memory_allocated(),
             peak=accelerator.max_memory_allocated(),
-            limit=limit,
+            limit=self._hbm_limit(),
             label="HBM",
         )
+
+    def _hbm_limit(self) -> int | None:
+        """The HBM a program may use, as the runtime's allocator knows it (15.75 GiB on a v5e),
+        else TorchTPU's table of chip sizes (16 GiB), else unknown."""
+        try:
+            _free, limit = self._torch.accelerator.get_memory_info()
+            if limit > 0:  # (0, 0) when the allocator has no statistics
+                return int(limit)
+        except (RuntimeError, AttributeError):
+            pass
+        try:
+            with _quiet():
+                return int(self._tpu.get_device_properties().total_memory)
+        except (RuntimeError, AttributeError):  # a generation TorchTPU's table does not know
+            return None
 
     def reset_peak_memory(self) -> bool:
         if not self.present:
@@ -182,14 +238,17 @@ class TorchTpuRuntime:
         return 0.0  # the runtime's compiler runs on the calling thread
 
     def counters(self) -> dict[str, float]:
+        uncompiled = {**self._optimizer_steps.counts, **(self._compiler.counts if self._compiler else {})}
+        counts = {UNCOMPILED + what: count for what, count in uncompiled.items()}
         stats = self._perf_stats()
         if stats is None:
-            return {}
+            return counts
         return {
             "compile cache requests": stats.num_cache_reqs,
             "compile cache hits": stats.num_cache_hits,
             "graphs compiled": stats.num_compilations,
             "compile s": self._compile_seconds(stats),
+            **counts,
         }
 
     def cache_dir(self, path: str | None = None) -> str | None:
@@ -213,7 +272,13 @@ class TorchTpuRuntime:
     # --- compiling --------------------------------------------------------------------------
 
     def compile_function(self, fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
-        return self._torch.compile(fn, **{"backend": "tpu", "dynamic": False, **options})
+        """``torch.compile`` for the chip: TorchTPU's compiler, given only graphs whose tensors
+        are all on the TPU (torchtpu_compile.py); the rest run as captured."""
+        if self._compiler is None:
+            from torch._dynamo.backends.registry import lookup_backend
+
+            self._compiler = DeviceGuardedBackend(lookup_backend("tpu"), device_type="tpu")
+        return self._torch.compile(fn, **{"backend": self._compiler, "dynamic": False, **options})
 
     def compile_cell(self, fn: Callable[[], Any]) -> Callable[[], Any]:
         return self.compile_function(fn)

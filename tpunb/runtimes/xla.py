@@ -24,7 +24,7 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from tpunb.debug import DebugChecks
@@ -165,6 +165,11 @@ class XlaRuntime:
             yield
         finally:
             eager_mode(previous)
+
+    def after_failure(
+        self, error: BaseException, namespace: Mapping[str, Any], cell: int | None
+    ) -> list[str]:
+        return []  # not yet told apart on PyTorch/XLA (no chip of its kind here to learn from)
 
     def default_changed(self, config: ModeConfig) -> None:
         pass  # the eager flag is set per cell by mode_scope
