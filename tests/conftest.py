@@ -13,7 +13,7 @@ import pytest
 #: they crash, into the failing notebook's captured output (tpunb_kernels.py does the same).
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
-GROUPS = ("unit", "kernel", "browser", "notebooks", "workloads", "xla", "torchtpu", "image")
+GROUPS = ("unit", "kernel", "browser", "notebooks", "workloads", "xla", "torchtpu", "image", "tpu")
 
 #: Runtime suites that need their own virtual environment (``make test-xla``,
 #: ``make test-torchtpu``): collected only where their package is installed.

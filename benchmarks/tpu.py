@@ -1,0 +1,158 @@
+"""Language-model training on a TPU chip, per tpunb mode and precision, through notebook cells.
+
+    python -m benchmarks.tpu [--models gpt2,llama] [--precisions bf16,fp32]
+                             [--modes strict,fused,compile] [--steps 10] [--json PATH]
+
+Runs on a machine with a TPU chip and torch_tpu (README: Testing on a TPU). Each model is
+built from a config with random weights (gpt2: HF GPT-2 with 6 layers, width 768, about 120 M
+parameters; llama: a Llama of the same width and depth, 32k vocabulary), trained with AdamW on
+one batch of 8 x 512 tokens repeated, in cells as a notebook runs them (in this process's
+IPython with tpunb loaded: the machine has no TCP for a kernel). Per model, precision and mode:
+
+* **first s**: the training cell's first run, with every compile it waited for;
+* **tok/s** and **MFU**: the same cell run again (warm), tokens over its seconds; MFU counts 6
+  FLOPs per token per weight used in a matrix product against the chip's bf16 peak
+  (TorchTPU's table: 197 TFLOP/s for a v5e);
+* **loss diff**: the largest relative difference from strict's losses at any step of the first
+  runs (both from the same seeded weights), and whether the loss fell.
+
+Ratios are against strict in the same run, same model and precision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCH, SEQUENCE = 8, 512
+
+MODELS = {
+    "gpt2": """
+from transformers import GPT2Config, GPT2LMHeadModel
+torch.manual_seed(0)
+model = GPT2LMHeadModel(GPT2Config(n_layer=6, n_embd=768, n_head=12, n_positions=1024)).to(DEVICE)
+""",
+    "llama": """
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(0)
+config = LlamaConfig(num_hidden_layers=6, hidden_size=768, num_attention_heads=12, num_key_value_heads=4,
+                     intermediate_size=2048, vocab_size=32000, max_position_embeddings=1024)
+model = LlamaForCausalLM(config).to(DEVICE)
+""",
+}
+
+SETUP = f"""
+generator = torch.Generator().manual_seed(1)
+ids = torch.randint(0, model.config.vocab_size, ({BATCH}, {SEQUENCE}), generator=generator).to(DEVICE)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+embeddings = {{id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}}
+head = model.get_output_embeddings().weight
+matmul_weights = sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
+matmul_weights += head.numel() if id(head) in embeddings else 0
+"""
+
+TRAIN = """
+losses = []
+for step in range({steps}):
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    losses.append(loss.item())
+"""
+
+
+@dataclass
+class Row:
+    model: str
+    precision: str
+    mode: str
+    first_s: float
+    tokens_per_s: float
+    mfu: float
+    loss_diff: float
+    loss_fell: bool
+    error: str | None = None
+
+
+def measure(
+    cells, model: str, precision: str, mode: str, steps: int, strict: list[float] | None
+) -> tuple[Row, list[float]]:
+    """One mode's row, and its first run's losses (strict's are the others' reference)."""
+    cells.ok(MODELS[model] + SETUP)
+    train = f"%%tpu_precision {precision}\n%%tpu_mode {mode}\n" + TRAIN.format(steps=steps)
+    first = cells.run(train)
+    if first.error is not None:
+        cells.run("del model, optimizer")
+        return Row(
+            model, precision, mode, first.seconds, 0.0, 0.0, float("nan"), False, repr(first.error)
+        ), []
+    losses = [float(x) for x in cells.value("losses")]
+    warm = cells.run(train)
+    tokens_per_s = steps * BATCH * SEQUENCE / warm.seconds
+    flops = 6 * cells.value("matmul_weights") * tokens_per_s
+    reference = strict or losses
+    diff = max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
+    cells.ok("del model, optimizer")
+    fell = losses[-1] < losses[0]
+    return Row(model, precision, mode, first.seconds, tokens_per_s, flops / peak_flops(), diff, fell), losses
+
+
+def peak_flops() -> float:
+    """The chip's bf16 peak, from TorchTPU's table of generations."""
+    from torch_tpu._internal.utils import hardware
+
+    return float(hardware.get_bf16_flops_per_device())
+
+
+def table(rows: list[Row]) -> str:
+    strict = {(r.model, r.precision): r.tokens_per_s for r in rows if r.mode == "strict"}
+    lines = [
+        f"{'model':<6} {'prec':<5} {'mode':<8} {'first s':>8} {'tok/s':>9} {'x strict':>8} {'MFU':>6} "
+        f"{'loss diff':>9} fell"
+    ]
+    for r in rows:
+        ratio = r.tokens_per_s / strict[(r.model, r.precision)] if strict.get((r.model, r.precision)) else 0.0
+        lines.append(
+            f"{r.model:<6} {r.precision:<5} {r.mode:<8} {r.first_s:>8.1f} {r.tokens_per_s:>9.0f} "
+            f"{ratio:>7.2f}x {r.mfu:>6.1%} {r.loss_diff:>9.1e} {'yes' if r.loss_fell else 'NO'}"
+            + (f"  {r.error[:120]}" if r.error else "")
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="gpt2,llama")
+    parser.add_argument("--precisions", default="bf16,fp32")
+    parser.add_argument("--modes", default="strict,fused,compile")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--json", default=None, help="also write the rows here as JSON")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "tests" / "tpu"))
+    from cells import Cells
+
+    cells = Cells()
+    cells.ok("import torch, tpunb\nDEVICE = tpunb.device()")
+    rows = []
+    for model in args.models.split(","):
+        for precision in args.precisions.split(","):
+            strict: list[float] | None = None
+            for mode in ["strict", *(m for m in args.modes.split(",") if m != "strict")]:
+                row, losses = measure(cells, model, precision, mode, args.steps, strict)
+                if mode == "strict":
+                    strict = losses or None
+                rows.append(row)
+                print(table(rows).splitlines()[-1], flush=True)
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The hardware suite: tpunb on a real TPU chip with TorchTPU, every mode, through cells.
+
+It runs wherever a TPU chip and torch_tpu are present (README: Testing on a TPU) and is left
+out, with one line in pytest's summary, everywhere else (CI has no chip). All its tests
+share one in-process IPython shell: one process holds the chip at a time, opening it costs
+10-15 s, and the TPU machine has no TCP for a kernel. Tests that break the device on purpose
+run last.
+
+``TPUNB_TPU_REPORT=PATH`` writes each training cell's mode, precision, seconds and losses
+there as JSON (the closing note's tables come from it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from cells import Cells
+
+from tpunb.runtimes.detect import installed
+from tpunb.runtimes.hardware import scan_tpu
+
+NO_CHIP = "the hardware suite needs a TPU chip and torch_tpu (README: Testing on a TPU)"
+
+
+def _chip_here() -> bool:
+    return installed("torch_tpu") and scan_tpu().chips > 0
+
+
+#: Modules that break the device on purpose: they run after the rest.
+LAST = ("test_tpu_failures.py",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    last = [item for item in items if Path(str(item.fspath)).name in LAST]
+    items[:] = [item for item in items if item not in last] + last
+
+
+#: Without a chip the suite is not collected, and the summary says so in one line.
+collect_ignore_glob = [] if _chip_here() else ["test_*.py"]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if collect_ignore_glob:
+        terminalreporter.write_line(f"SKIPPED tests/tpu: {NO_CHIP}")
+
+
+@pytest.fixture(scope="session")
+def cells() -> Iterator[Cells]:
+    shell = Cells()
+    shell.ok("import torch, tpunb\nDEVICE = tpunb.device()")
+    yield shell
+    report = os.environ.get("TPUNB_TPU_REPORT")
+    if report:
+        Path(report).write_text(json.dumps(shell.records, indent=1))

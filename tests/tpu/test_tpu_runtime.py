@@ -1,0 +1,43 @@
+"""What tpunb sees on the chip: the runtime, the chips it can use, HBM figures the chip can hold,
+the doctor's verdict, and no warning about code the user did not write."""
+
+from __future__ import annotations
+
+from workloads import GPT2_ADAMW
+
+
+def test_the_chip_is_found_and_counted_as_torchtpu_counts_it(cells) -> None:
+    stats = cells.value("tpunb.stats()")
+    assert (stats["runtime"], stats["device"]) == ("torchtpu", "tpu:0")
+    cells.ok("from torch_tpu._internal.utils import hardware\nchips = hardware.get_tpu_device_count()")
+    chips = cells.value("chips")
+    assert f"{chips} TPU chip{'s' if chips != 1 else ''} found" in stats["runtime_reason"], stats
+
+
+def test_hbm_figures_are_the_chips_own(cells) -> None:
+    cells.ok("big = torch.ones(1024, 1024, 64, device=DEVICE)")  # 256 MiB
+    memory = cells.value("tpunb.stats()['memory']")
+    limit = cells.value("torch.accelerator.get_memory_info()[1]")
+    assert memory["label"] == "HBM" and memory["limit"] == limit
+    assert 256 * 2**20 <= memory["used"] <= memory["peak"] <= memory["limit"], memory
+    cells.ok("del big")
+
+
+def test_the_doctor_finds_nothing_wrong_here(cells) -> None:
+    cells.ok("from tpunb.doctor import run_checks\nreport = run_checks()")
+    checks = {check.name: check for check in cells.value("report.checks")}
+    assert checks["libtpu for torch_tpu"].status == "ok", checks["libtpu for torch_tpu"]
+    assert checks["TPU free"].status == "ok"  # this process holds the chip, no other
+    assert "chip" in checks["TPU"].detail and checks["runtime"].detail.startswith(
+        "a kernel would use torchtpu"
+    )
+
+
+def test_a_training_cell_warns_only_about_the_users_own_code(cells) -> None:
+    """TorchTPU reads ``.grad`` inside each copy to the host: ``loss.item()`` warned about a
+    non-leaf ``.grad`` at the user's line in every training cell."""
+    cells.ok(GPT2_ADAMW.build)
+    ran = cells.ok(GPT2_ADAMW.train)
+    assert ".grad attribute" not in ran.warned, ran.warned
+    own = cells.run("reading = loss.grad")
+    assert ".grad attribute of a Tensor that is not a leaf" in own.warned, own.warned
