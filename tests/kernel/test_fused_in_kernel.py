@@ -193,3 +193,20 @@ def test_a_fused_cell_is_compared_with_the_same_code_measured_in_strict_mode(ker
         assert expected in fused.stdout, fused.stdout
     else:
         assert "is slower here" not in fused.stdout, fused.stdout
+
+
+def test_an_lstm_script_run_again_and_again_in_fused_mode_trains_as_in_strict(kernel):
+    """pytorch/examples' word-level LSTM loop, run with %run as a notebook runs a script, three
+    times: mkldnn's LSTM layer sizes a workspace only when it runs, and its compiled hot call
+    failed from the second run on (graph.never_compiled: such a graph now runs as captured)."""
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "benchmarks" / "scripts" / "word_lm.py"
+    run = f"%run {script} --batches 20"  # its default sizes: long enough for a hot compile
+    strict = kernel.run(run)
+    assert strict.error is None and "Error" not in strict.stdout, strict.stdout
+    expected = kernel.value("losses")
+    for _ in range(3):
+        fused = kernel.run(f"%%tpu_mode fused\n{run}")
+        assert fused.error is None and "Error" not in fused.stdout, fused.stdout  # %run shows, not raises
+        assert kernel.value("losses") == pytest.approx(expected, rel=1e-4)

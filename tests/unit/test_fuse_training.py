@@ -329,3 +329,28 @@ def test_background_compiles_never_run_fx_symbolic_tracing(monkeypatch):
     engine.cache.wait_idle()
     assert engine.stats()["compiles"] == 1
     assert not [name for plain, name in tracers if plain and name.startswith("tpunb-compile")], tracers
+
+
+class LstmClassifier(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn, self.out = torch.nn.LSTM(16, 16, num_layers=2), torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.rnn(x.view(4, 8, 16))[0].mean(0).repeat(4, 1))
+
+
+def test_an_lstm_trains_as_in_strict():
+    """mkldnn's LSTM layer returns an empty workspace on meta tensors and a real one when it
+    runs: recorded, its backward was handed the empty one and failed (meta.SIZED_WHEN_RUN)."""
+    data, labels = batch()
+    torch.manual_seed(0)
+    strict_model = LstmClassifier()
+    fused_model = copy.deepcopy(strict_model)
+    make_opt = lambda model: torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: E731
+    expected = train(strict_model, make_opt(strict_model), data, labels, steps=3)
+    engine = FusionEngine(torch.device("cpu"), EventBus().publish)
+    fused_opt = make_opt(fused_model)
+    with engine.scope(REPLAY, adopt=(fused_model, fused_opt)):
+        got = train(fused_model, fused_opt, data, labels, steps=3)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

@@ -26,6 +26,7 @@ import torch
 
 from tpunb.fuse.cache import Compiled, GraphCache, Variant, VariantState
 from tpunb.fuse.disk_cache import rebuild_torn_binaries
+from tpunb.fuse.graph import never_compiled
 from tpunb.fuse.workarounds import config_values, skip_dynamo_in
 
 
@@ -121,6 +122,10 @@ class CompiledLater:
         self.graph: torch.fx.GraphModule | None = graph
         self.runs = runs
         self.variant = Variant(lifted={})
+        reason = never_compiled(graph)
+        if reason is not None:  # it runs as captured, for good
+            self.variant.done = Compiled(fn=None, error=reason)
+            return
         context = torch._guards.TracingContext.try_get()
         graph = copy_sharing_tensors(
             graph

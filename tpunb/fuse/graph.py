@@ -17,6 +17,7 @@ import torch
 import torch.fx as fx
 
 from tpunb.fuse.disk_cache import rebuild_torn_binaries
+from tpunb.fuse.meta import SIZED_WHEN_RUN
 from tpunb.fuse.random_fill import FILLS, RANDOM_FILL, is_fresh_fill
 from tpunb.fuse.trace import Node, OpRecord, Ref, decoder, resolve
 
@@ -234,6 +235,18 @@ class GraphBuilder:
     def finish(self, outputs: Sequence[Ref]) -> fx.GraphModule:
         self.graph.output([self.lookup(ref) for ref in outputs])
         return fx.GraphModule(torch.nn.Module(), self.graph)
+
+
+def never_compiled(graph: fx.GraphModule) -> str | None:
+    """Why ``graph`` must run as captured rather than compiled, or None: an op whose outputs
+    are sized when it runs (meta.SIZED_WHEN_RUN), which Inductor compiles with the meta
+    kernel's sizes (mkldnn's LSTM layer: a hot RNN model's compiled call failed at its first
+    run, ``expected Tensor() for op: aten.mkldnn_rnn_layer``)."""
+    for node in graph.graph.nodes:
+        target = getattr(node.target, "overloadpacket", None)
+        if node.op == "call_function" and target is not None and target.__name__ in SIZED_WHEN_RUN:
+            return f"{target} sizes its outputs when it runs"
+    return None
 
 
 def inductor_compile(graph: fx.GraphModule, examples: Sequence[Any]) -> Callable[..., Any]:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tpunb.fuse.compile_later import CompileLater, CountedGraph, GraphRuns
-from tpunb.fuse.graph import inductor_compile
+from tpunb.fuse.graph import inductor_compile, never_compiled
 from tpunb.fuse.plan import Regime
 
 if TYPE_CHECKING:
@@ -123,7 +123,9 @@ _CALL_NUMBERS = itertools.count(1)
 
 def inductor_or_eager(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """A Dynamo backend: Inductor (random ops as eager draws them), or, if Inductor fails on
-    this graph, the graph as captured."""
+    this graph or must not compile it (graph.never_compiled), the graph as captured."""
+    if never_compiled(graph) is not None:
+        return graph.forward
     try:
         return inductor_compile(graph, example_inputs)
     except Exception as error:  # any compiler failure: this graph runs op by op
