@@ -140,7 +140,7 @@ class TpuMagics(Magics):
         tree = shell.compile.ast_parse(body, filename=filename)
         ast.increment_lineno(tree, 1)  # the body starts on the cell's second line
         tree = shell.transform_ast(tree)
-        with self.session.scoped(config):
+        with self.session.scoped(config, whole_cell=True):
             if config.mode is Mode.COMPILE:
                 try:
                     return self.session.cell_compiler.run(tree, cell, filename, shell.user_ns, number)
@@ -198,7 +198,7 @@ class TpuMagics(Magics):
             session.set_precision(precision)
             print(f"tpunb: precision {precision} (was {previous})")
             return None
-        with session.precision_scoped(precision):
+        with session.precision_scoped(precision, whole_cell=True):
             return self._run_cell(f"%%tpu_precision {line}", cell, session.effective)
 
     @magic_arguments()

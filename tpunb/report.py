@@ -73,7 +73,10 @@ def cell_summary(record: CellRun) -> str:
     if record.peak_bytes is not None:
         parts.append(f"peak {format_bytes(record.peak_bytes)}")
     if "compile" in record.mode:
-        parts.append(f"{record.compiled_graphs} graph{'s' if record.compiled_graphs != 1 else ''} compiled")
+        if record.compiled_graphs:  # a cell run again reuses its graphs: "0 graphs" says nothing
+            parts.append(
+                f"{record.compiled_graphs} graph{'s' if record.compiled_graphs != 1 else ''} compiled"
+            )
         if record.graph_breaks:
             count = f"{record.graph_breaks} graph break{'s' if record.graph_breaks != 1 else ''}"
             parts.append(f"{count} ({record.break_reasons})" if record.break_reasons else count)

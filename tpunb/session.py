@@ -134,10 +134,14 @@ class Session:
         return self._precisions.pending[0] if self._precisions.pending is not None else None
 
     @contextlib.contextmanager
-    def precision_scoped(self, precision: Precision) -> Iterator[None]:
-        """Run a block in ``precision``; the previous one is back afterwards, even on error."""
+    def precision_scoped(self, precision: Precision, whole_cell: bool = False) -> Iterator[None]:
+        """Run a block in ``precision``; the previous one is back afterwards, even on error.
+        ``whole_cell``: the block is the running cell's code (a ``%%tpu_precision`` cell), so
+        the cell's summary names this precision alone."""
         self.check_precision(precision)
         with self._precisions.overridden(precision, self._activate):
+            if whole_cell and self._cell is not None:
+                self._cell.whole_precision = precision
             yield
 
     def grad_scaler(self) -> Any:
@@ -189,10 +193,14 @@ class Session:
         return self._modes.pending[0] if self._modes.pending is not None else None
 
     @contextlib.contextmanager
-    def scoped(self, config: ModeConfig) -> Iterator[None]:
-        """Run a block in ``config``; the previous mode is back afterwards, even on error."""
+    def scoped(self, config: ModeConfig, whole_cell: bool = False) -> Iterator[None]:
+        """Run a block in ``config``; the previous mode is back afterwards, even on error.
+        ``whole_cell``: the block is the running cell's code (a ``%%tpu_mode`` cell), so the
+        cell's summary names this mode alone, not the default the cell opened in as well."""
         self.check_supported(config)
         with self._modes.overridden(config, self._activate):
+            if whole_cell and self._cell is not None:
+                self._cell.whole_mode = config.mode
             yield
 
     def _activate(self) -> None:
@@ -280,12 +288,15 @@ class Session:
         compiled = self.bus.recent("compiled", runs) if runs else []
         counters = counter_changes(cell.counters_before, self.runtime.counters())
         groups = self.bus.count("group") - cell.groups_before
-        mode, precision = _summary_mode(cell.modes), _summary_precision(cell.precisions)
+        mode = cell.whole_mode.value if cell.whole_mode else _summary_mode(cell.modes)
+        precision = (
+            cell.whole_precision.value if cell.whole_precision else _summary_precision(cell.precisions)
+        )
         wall_s = time.perf_counter() - cell.started
         compiled_graphs = sum(r.graphs for r in compiled)
+        compiled_here = compiled_graphs > 0 or cache.compiles > cell.cache_before.compiles
         measured = None
         if cell.source is not None and error is None:
-            compiled_here = compiled_graphs > 0 or cache.compiles > cell.cache_before.compiles
             measured = self.cell_times.slower_than_seen(
                 cell.source, precision, mode, wall_s, compiled=compiled_here
             )
@@ -307,7 +318,8 @@ class Session:
             precision=precision,
             compile_waited_s=sum(r.waited_ms for r in compiled) / 1000,
             storm=next((r.storm for r in compiled if r.storm), None),
-            slower=measured or (fused_slower(self.bus.recent("group", groups)) if groups else None),
+            slower=measured
+            or (fused_slower(self.bus.recent("group", groups), compiled=compiled_here) if groups else None),
         )
         self.bus.publish(record)
         _warn_fallbacks(counters)
@@ -432,6 +444,8 @@ class _CellWindow:
         self.started = time.perf_counter()
         self.modes: set[Mode] = set()
         self.precisions: set[Precision] = set()
+        self.whole_mode: Mode | None = None  # set by a %%tpu_mode cell: its code ran in it alone
+        self.whole_precision: Precision | None = None  # likewise for %%tpu_precision
 
 
 _session: Session | None = None

@@ -48,6 +48,8 @@ def test_a_compile_cell_says_what_it_ran_uncompiled():
 
 def test_summary_shows_only_what_is_known_and_non_zero():
     assert cell_summary(run()) == "[tpunb] debug · 1.23 s"  # no "0 groups": nothing fused
+    # a compile cell run again reuses its graphs: no "0 graphs compiled"
+    assert cell_summary(run(mode="compile", compiled_graphs=0)) == "[tpunb] compile · 1.23 s"
     assert cell_summary(run(mode="fused")) == "[tpunb] fused · 1.23 s"  # a time.sleep cell
     full = cell_summary(
         run(peak_bytes=2 * 1024**2, groups=1, cache_hits=3, cache_misses=1, error="ValueError")
@@ -79,7 +81,7 @@ def group(
 
 def test_fused_says_once_for_the_cell_when_recording_costs_more_than_running_the_ops():
     steps = [group("eager", 20.0, 6.0, 6.0)] + [group("hit", 21.0, 2.0, 6.0) for _ in range(9)]
-    note = fused_slower(steps)
+    note = fused_slower(steps, compiled=False)
     assert note == (
         "fused is slower here: 10 groups spent 209.0 ms recording 7600 ops and 24.0 ms running them; "
         "one by one, as strict mode runs them, they took 60.0 ms. Run this cell in strict mode "
@@ -93,24 +95,36 @@ def test_fused_says_once_for_the_cell_when_recording_costs_more_than_running_the
 
 
 def test_groups_that_ran_op_by_op_count_too_so_a_cold_cell_says_so():
-    note = fused_slower([group("eager", 21.0, 6.0, 6.0), group("miss", 21.0, 6.0, 6.0)])
+    note = fused_slower([group("eager", 21.0, 6.0, 6.0), group("miss", 21.0, 6.0, 6.0)], compiled=False)
     assert note is not None and note.startswith("fused is slower here: 2 groups spent 42.0 ms recording")
 
 
 def test_fused_that_pays_or_has_nothing_to_compare_says_nothing():
-    assert fused_slower([group("hit", 2.0, 30.0, 400.0) for _ in range(5)]) is None  # pays
-    assert fused_slower([group("hit", 21.0, 2.0, None) for _ in range(5)]) is None  # never replayed
-    assert fused_slower([group("hit", 0.5, 0.1, 0.2, ops=5)]) is None  # too small to notice
-    assert fused_slower([group("hit", 5.0, 6.0, 10.0)]) is None  # within SLOWER_BY of op by op
+    assert fused_slower([group("hit", 2.0, 30.0, 400.0) for _ in range(5)], compiled=False) is None  # pays
+    assert (
+        fused_slower([group("hit", 21.0, 2.0, None) for _ in range(5)], compiled=False) is None
+    )  # never replayed
+    assert fused_slower([group("hit", 0.5, 0.1, 0.2, ops=5)], compiled=False) is None  # too small to notice
+    assert (
+        fused_slower([group("hit", 5.0, 6.0, 10.0)], compiled=False) is None
+    )  # within SLOWER_BY of op by op
+
+
+def test_a_cell_that_compiled_is_not_judged_on_its_time():
+    """Its time holds compiles later runs reuse: a ``--sync-compile`` cell's 5.6 s compile was
+    reported as 5.6 s of "running" and strict mode recommended."""
+    costly = [group("miss", 21.0, 5656.5, 6.0)]
+    assert fused_slower(costly, compiled=False) is not None
+    assert fused_slower(costly, compiled=True) is None
 
 
 def test_recorded_first_steps_of_a_cell_whose_model_turned_hot_are_not_judged():
     """The steps recorded while a module turned hot do not come back: its later calls run
     compiled whole, so the recorder's cost on them says nothing about the cell's regime."""
     warm_up = [group("miss", 21.0, 6.0, 6.0) for _ in range(3)]
-    assert fused_slower(warm_up) is not None
+    assert fused_slower(warm_up, compiled=False) is not None
     hot = [group("hit", 0.0, 2.0, None, ops=0, whole=True) for _ in range(5)]
-    assert fused_slower(warm_up + hot) is None
+    assert fused_slower(warm_up + hot, compiled=False) is None
 
 
 def test_a_reduced_precision_cell_names_its_precision_and_a_strict_one_no_groups():

@@ -126,6 +126,27 @@ def test_cell_mode_leaves_out_strict_when_a_cell_switched(session):
     assert session.end_cell(None).mode == "strict"
 
 
+def test_a_cell_run_whole_in_a_mode_is_named_by_that_mode_alone(session):
+    """With debug the default, a ``%%tpu_mode strict`` cell opens in debug and runs its code in
+    strict: its summary said ``debug``, and a compile cell's ``debug+compile``."""
+    session.set_default(DEBUG)
+    try:
+        session.begin_cell(1)
+        with session.scoped(ModeConfig(), whole_cell=True):
+            pass
+        assert session.end_cell(None).mode == "strict"
+        session.begin_cell(2)
+        with session.scoped(ModeConfig.build("fused"), whole_cell=True):
+            pass
+        assert session.end_cell(None).mode == "fused"
+        session.begin_cell(3)
+        with session.scoped(ModeConfig.build("fused")):  # a block inside the cell's code
+            pass
+        assert session.end_cell(None).mode == "debug+fused"
+    finally:
+        session.set_default(ModeConfig())
+
+
 def test_stats_has_the_documented_keys(session):
     stats = session.stats()
     assert {"runtime", "device", "mode", "memory", "cache", "groups"} <= set(stats)

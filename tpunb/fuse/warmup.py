@@ -1,9 +1,11 @@
-"""Fused mode's one-time set-up, done while the kernel is idle, as soon as the mode is chosen.
+"""One-time imports done while the kernel is idle, before the cell that needs them.
 
-The first op a fused scope defers runs a meta kernel, whose dynamo-disable wrapper imports
-``torch._dynamo`` (about 1 s here); the first compile imports Inductor. Without this, the
-first fused cell after ``%tpu_mode fused`` waits for both even for ``torch.ones(3) + 1``
-(the next ones take under 1 ms).
+Every mode but strict puts a dispatch mode on the stack, whose dynamo-disable wrapper imports
+``torch._dynamo`` at the first op (about 1-3 s here): a first debug cell took 2.7 s for
+``torch.log`` of five numbers, then 2 ms. So Dynamo is imported once the extension has
+loaded (``LOADED``); the first compile imports Inductor, queued when fused or compile mode is
+chosen (``COMPILERS``). Without this, the first fused cell after ``%tpu_mode fused`` waited
+for both even for ``torch.ones(3) + 1`` (the next ones take under 1 ms).
 
 The imports are queued on the kernel's own event loop, so they run on the notebook's thread
 between cells, while the user types the next one. Not on a thread of their own: torch._dynamo
@@ -18,26 +20,28 @@ from __future__ import annotations
 import importlib
 import sys
 
-#: In the order a fused cell needs them.
-MODULES = ("torch._dynamo", "torch._inductor.compile_fx")
+#: What any tpunb mode's first op needs.
+LOADED = ("torch._dynamo",)
+#: What fused and compile modes need, in the order a fused cell needs them.
+COMPILERS = ("torch._dynamo", "torch._inductor.compile_fx")
 #: How long after the choosing cell the imports start (its output goes out first).
 IDLE_DELAY_S = 0.1
 
-_queued = False
+_queued: set[str] = set()
 
 
-def _warm_up() -> None:
-    for name in MODULES:
+def _warm_up(modules: tuple[str, ...]) -> None:
+    for name in modules:
         importlib.import_module(name)
 
 
-def warm_up_when_idle() -> None:
-    """Queue the set-up once per kernel; later calls, and calls outside a kernel, do nothing."""
-    global _queued
+def warm_up_when_idle(modules: tuple[str, ...] = COMPILERS) -> None:
+    """Queue the imports of ``modules`` not queued yet; outside a kernel, do nothing."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     loop = getattr(getattr(shell, "kernel", None), "io_loop", None)
-    if _queued or loop is None:
+    new = tuple(name for name in modules if name not in _queued)
+    if not new or loop is None:
         return
-    _queued = True
-    loop.call_later(IDLE_DELAY_S, _warm_up)
+    _queued.update(new)
+    loop.call_later(IDLE_DELAY_S, _warm_up, new)
