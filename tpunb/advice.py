@@ -28,30 +28,47 @@ def fused_slower(groups: Sequence[FusionGroup], *, compiled: bool) -> str | None
     or a warm-up inside it) is not judged: its time holds compiles later runs reuse (a 5.6 s
     compile was once reported as 5.6 s of "running").
 
-    Measured, not guessed: each group's ops ran one by one once (its first sighting replays
-    them: what strict mode costs, ``eager_ms``); over every group of the cell that has that
-    figure, recording plus running (compiled or op by op) is set against it. Only strict is
-    recommended, because only strict was measured; compile mode is left to a measurement.
+    Measured, not guessed, without a strict run of the cell: each recorded group's ops ran
+    one by one once (its first sighting replays them: what strict mode costs, ``eager_ms``),
+    and a module call or optimizer step compiled whole ran eagerly before its compile paid
+    off (its median eager run, ``eager_ms`` on its row); over everything of the cell that has
+    that figure, recording plus running (compiled or op by op) is set against it. Only strict
+    is recommended, because only strict was measured; compile mode is left to a measurement.
 
-    A cell whose modules ran compiled whole (hot calls) is not judged by its recorded groups:
-    those were its first steps, recorded while the modules turned hot, and do not come back.
+    Groups recorded while a module turned hot (``WARMING``) are not judged: they were the
+    cell's first steps, and do not come back (its later calls run compiled whole).
     """
-    judged = [g for g in groups if g.eager_ms is not None]
-    if compiled or not judged or any(g.whole_call for g in groups):
+    from tpunb.fuse.plan import WARMING  # (only fused cells have groups: the engine is loaded)
+
+    judged = [g for g in groups if g.eager_ms is not None and g.plan != WARMING]
+    if compiled or not judged:
         return None
+    recorded = [g for g in judged if not g.whole_call]
+    calls = [g for g in judged if g.whole_call]
     capture = sum(g.capture_ms for g in judged)
     run = sum(g.run_ms for g in judged)
     eager = sum(g.eager_ms for g in judged if g.eager_ms is not None)
-    if capture < NOTICEABLE_MS or capture + run <= eager * SLOWER_BY:
+    if capture + run - eager < NOTICEABLE_MS or capture + run <= eager * SLOWER_BY:
         return None
-    count = f"{len(judged)} group{'s' if len(judged) != 1 else ''}"
-    ops = sum(g.ops for g in judged)
+    parts = []
+    if recorded:
+        ops = sum(g.ops for g in recorded)
+        parts.append(
+            f"{plural(len(recorded), 'group')} spent {capture:.1f} ms recording {ops} ops and "
+            f"{sum(g.run_ms for g in recorded):.1f} ms running them"
+        )
+    if calls:
+        calls_ms = sum(g.run_ms for g in calls)
+        parts.append(f"{plural(len(calls), 'call')} compiled whole took {calls_ms:.1f} ms")
     return (
-        f"fused is slower here: {count} spent {capture:.1f} ms recording {ops} ops and "
-        f"{run:.1f} ms running them; one by one, as strict mode runs them, they took {eager:.1f} ms. "
-        "Run this cell in strict mode (%%tpu_mode strict), or measure compile mode first "
-        "(%%tpu_profile --mode compile)"
+        f"fused is slower here: {' and '.join(parts)}; one by one, as strict mode runs them, they "
+        f"took {eager:.1f} ms. Run this cell in strict mode (%%tpu_mode strict), or measure compile "
+        "mode first (%%tpu_profile --mode compile)"
     )
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 else ''}"
 
 
 #: A cell must be at least this much slower than the same code in another mode to be told so.

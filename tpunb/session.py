@@ -238,6 +238,7 @@ class Session:
         in other modes."""
         self._in_notebook = True
         self._apply_pending()
+        self.runtime.begin_cell()
         self._cell = _CellWindow(
             number,
             source=source,

@@ -31,6 +31,9 @@ SEEN_AGAIN = GroupFacts(
     state=VariantState.SEEN,
     sightings=1,
     repeat=True,
+    recurs=True,
+    replayed_s=0.001,
+    compile_after_s=COMPILE_COST_S,
     warming=False,
     tiny=False,
     storming=False,
@@ -50,7 +53,12 @@ def facts(**changes) -> GroupFacts:
         (facts(state=VariantState.COMPILING), Action.REPLAY),
         (facts(state=VariantState.FAILED, sync_compile=True), Action.REPLAY),
         (facts(repeat=False), Action.REPLAY),  # seen once: it may never come back
-        (facts(), Action.COMPILE_IN_BACKGROUND),  # seen again
+        (facts(), Action.COMPILE_IN_BACKGROUND),  # seen again in its cell: a loop's step
+        # seen again only in another cell (set-up code): once its runs have paid for a compile
+        (facts(recurs=False), Action.REPLAY),
+        (facts(recurs=False, replayed_s=COMPILE_COST_S), Action.COMPILE_IN_BACKGROUND),
+        (facts(recurs=False, compile_after_s=0.0), Action.COMPILE_IN_BACKGROUND),
+        (facts(recurs=False, sync_compile=True), Action.COMPILE_AND_WAIT),
         (facts(repeat=False, sync_compile=True), Action.COMPILE_AND_WAIT),
         (facts(tiny=True, sync_compile=True), Action.REPLAY),  # never repays a compile
         (facts(warming=True, sync_compile=True), Action.REPLAY),  # its module compiles whole
@@ -181,3 +189,39 @@ def test_a_group_records_the_plan_it_ran_by():
     assert plans[:2] == ["seen once: compiles if it comes back", "seen again: compiles for its next run"], (
         plans
     )
+
+
+def test_a_group_that_comes_back_once_a_cell_compiles_once_its_runs_have_paid_for_it():
+    """A cell's set-up (a model's initialization in a script run again) comes back once a run;
+    compiled on its second sighting it ran on the worker beside the next run's loop. It runs
+    op by op until its runs have cost what a compile would; a loop's step in the same cells
+    compiles when seen again, as before."""
+    import torch
+
+    from tpunb.events import EventBus
+    from tpunb.fuse import FuseOptions, FusionEngine
+    from tpunb.fuse.plan import ONCE_A_CELL
+
+    bus = EventBus()
+    engine = FusionEngine(torch.device("cpu"), bus.publish)
+    w = torch.randn(256, 256)  # not tiny (settled.py)
+    plans: list[list[str]] = []
+    for _ in range(3):  # a cell run three times: its set-up once, its loop twice
+        engine.begin_cell()  # (the session's, as each cell starts)
+        with engine.scope(FuseOptions(sync_compile=False)):
+            (w * 3).tanh().sum().item()  # set-up
+            for _ in range(2):
+                (w @ w).relu().sum().item()  # a loop's step
+        plans.append([group.plan for group in bus.recent("group", 3)])
+        engine.cache.wait_idle()
+    assert plans[0][2] == "seen again: compiles for its next run", plans
+    assert [run[0] for run in plans[1:]] == [ONCE_A_CELL, ONCE_A_CELL], plans
+    assert plans[2][1:] == ["compiled before", "compiled before"], plans
+    engine.begin_cell()
+    with engine.scope(FuseOptions(sync_compile=False, compile_after_s=0.0)):  # tests of compiled code
+        (w * 3).tanh().sum().item()
+    assert bus.recent("group", 1)[0].plan == "seen again: compiles for its next run"
+    for _ in range(2):  # without cells (a script's scopes, one a step): a loop's step, as before
+        with engine.scope(FuseOptions(sync_compile=False)):
+            (w - 1).tanh().sum().item()
+    assert bus.recent("group", 1)[0].plan == "seen again: compiles for its next run"

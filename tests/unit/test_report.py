@@ -60,7 +60,13 @@ def test_summary_shows_only_what_is_known_and_non_zero():
 
 
 def group(
-    status: str, capture_ms: float, run_ms: float, eager_ms: float | None, ops: int = 760, whole: bool = False
+    status: str,
+    capture_ms: float,
+    run_ms: float,
+    eager_ms: float | None,
+    ops: int = 760,
+    whole: bool = False,
+    plan: str | None = None,
 ):
     return FusionGroup(
         key="k",
@@ -76,6 +82,7 @@ def group(
         capture_ms=capture_ms,
         eager_ms=eager_ms,
         whole_call=whole,
+        plan=plan,
     )
 
 
@@ -121,10 +128,25 @@ def test_a_cell_that_compiled_is_not_judged_on_its_time():
 def test_recorded_first_steps_of_a_cell_whose_model_turned_hot_are_not_judged():
     """The steps recorded while a module turned hot do not come back: its later calls run
     compiled whole, so the recorder's cost on them says nothing about the cell's regime."""
-    warm_up = [group("miss", 21.0, 6.0, 6.0) for _ in range(3)]
-    assert fused_slower(warm_up, compiled=False) is not None
-    hot = [group("hit", 0.0, 2.0, None, ops=0, whole=True) for _ in range(5)]
+    from tpunb.fuse.plan import WARMING
+
+    warm_up = [group("miss", 21.0, 6.0, 6.0, plan=WARMING) for _ in range(3)]
+    hot = [group("hit", 0.0, 2.0, 2.1, ops=0, whole=True) for _ in range(5)]
     assert fused_slower(warm_up + hot, compiled=False) is None
+    assert fused_slower([group("miss", 21.0, 6.0, 6.0) for _ in range(3)], compiled=False) is not None
+
+
+def test_calls_compiled_whole_slower_than_their_eager_runs_say_so_without_a_strict_run():
+    """A hot call's row carries its eager runs' median (what strict mode costs it): a cell whose
+    compiled calls ran slower than that is told so, with the figures, though the user never
+    ran it in strict mode."""
+    calls = [group("hit", 0.0, 9.0, 4.0, ops=0, whole=True) for _ in range(10)]
+    assert fused_slower(calls, compiled=False) == (
+        "fused is slower here: 10 calls compiled whole took 90.0 ms; one by one, as strict mode runs "
+        "them, they took 40.0 ms. Run this cell in strict mode (%%tpu_mode strict), or measure "
+        "compile mode first (%%tpu_profile --mode compile)"
+    )
+    assert fused_slower([group("hit", 0.0, 3.0, 4.0, ops=0, whole=True)] * 10, compiled=False) is None
 
 
 def test_a_reduced_precision_cell_names_its_precision_and_a_strict_one_no_groups():

@@ -72,6 +72,8 @@ class Variant:
     done: Compiled | None = None  # what the compile gave (the compiler's one write)
     future: Future | None = None  # the queued compile (cancelled when superseded)
     replay_ms: float | None = None  # its ops run one by one (a first sighting): strict's cost
+    replayed_ms: float = 0.0  # every sighting's op-by-op runs together: what not compiling cost
+    recurs: bool = False  # its structure sighted twice in one cell: a loop's step, not set-up
 
     @property
     def state(self) -> VariantState:

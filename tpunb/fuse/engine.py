@@ -130,6 +130,12 @@ class FusionEngine:
                 finally:
                     self.options = previous
 
+    def begin_cell(self) -> None:
+        """A notebook cell starts: a group seen again only in a later cell is a cell's set-up,
+        not a loop's step, and compiles once its runs have paid for it (plan.py). Without
+        cells (a script's scopes, the engine driven alone) every group is counted as a loop's."""
+        self.flusher.in_this_cell.clear()
+
     def adopt(self, *objects: Any) -> int:
         """Make modules' parameters and buffers and optimizers' state deferred-capable, in place.
 

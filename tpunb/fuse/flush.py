@@ -103,6 +103,9 @@ class GroupFlush:
 
     def __init__(self, cache: GraphCache, known: KnownSequences, growing: GrowingInputs) -> None:
         self.cache, self.known, self.growing = cache, known, growing
+        #: the structures sighted in the notebook cell under way (FusionEngine.begin_cell
+        #: empties it; without cells, in all): seen again there, a group is a loop's step
+        self.in_this_cell: set[GroupKey] = set()
 
     def run(
         self,
@@ -125,8 +128,11 @@ class GroupFlush:
         ran = time.perf_counter()
         with rng_as_recorded(trace):
             values = run_group(trace, results.outputs, variant)
-        if status != GroupStatus.HIT and variant.replay_ms is None:  # op by op: strict's cost
-            variant.replay_ms = (time.perf_counter() - ran) * 1000
+        if status != GroupStatus.HIT:  # op by op: strict's cost
+            replayed_ms = (time.perf_counter() - ran) * 1000
+            variant.replayed_ms += replayed_ms
+            if variant.replay_ms is None:
+                variant.replay_ms = replayed_ms
         hand_out(results, values, settled=small)
         if publish is not None:
             publish(group_record(trace, request, keyed, status, decision, started, options))
@@ -144,6 +150,8 @@ class GroupFlush:
         if variant is None:
             variant, why = self.new_variant(trace, skeleton, key, lifted, family, options)
         variant.sightings += 1
+        variant.recurs = variant.recurs or skeleton in self.in_this_cell
+        self.in_this_cell.add(skeleton)
         return KeyedGroup(skeleton, key, variant, repeat, first_sighting, family, why)
 
     def skeleton(self, trace: Trace, outputs: tuple) -> GroupKey:
@@ -188,6 +196,9 @@ class GroupFlush:
             state=variant.state,
             sightings=variant.sightings,
             repeat=keyed.repeat,
+            recurs=variant.recurs,
+            replayed_s=variant.replayed_ms / 1000,
+            compile_after_s=options.compile_after_s,
             warming=trace.warming,
             tiny=small,
             storming=family is not None and self.cache.storming(family),

@@ -554,6 +554,7 @@ class HotCall:
             may_compile=may_compile,
             compiled_call=code.compiled,
             compile_in_call=not training,
+            eager_ms=self.payoff[now].eager_ms,
         )
         payoff = self.payoff[now]
         if not (compiled or uncompiled or compiling) and payoff.ran_compiled(call_s):
@@ -680,6 +681,7 @@ def publish_whole_call(
     compiled_call: Any,
     compile_in_call: bool = False,
     reason: str | None = None,
+    eager_ms: float | None = None,
 ) -> None:
     """Count a call compiled whole (a hot module call, a hot optimizer step) in the cache's
     counters and publish its group record, at the user's line that made it: a miss when
@@ -688,7 +690,8 @@ def publish_whole_call(
     worker held the compiler (``may_compile`` false) asked nothing of the cache: its row says
     so, the counters leave it out. ``compile_in_call``: the compile ran inside the call
     (Inductor at once, not on the worker), so its time is the call's. ``reason``: why it ran
-    as it did, where the caller knows better (``UNTIL_PAID_FOR``)."""
+    as it did, where the caller knows better (``UNTIL_PAID_FOR``). ``eager_ms``: what it
+    costs run eagerly, as strict mode runs it (its payoff's eager runs), where known."""
     run_ms = (time.perf_counter() - started) * 1000
     if may_compile or not uncompiled:
         engine.cache.count_whole_call(compiled, run_ms if compiled else 0.0, uncompiled)
@@ -718,6 +721,7 @@ def publish_whole_call(
             or why_run(compiled, uncompiled, may_compile, getattr(compiled_call, "__wrapped__", None)),
             whole_call=True,
             at=where.label if where else None,
+            eager_ms=eager_ms,
         )
     )
 

@@ -223,6 +223,7 @@ class HotStep:
             compiling=self.later.compiling,
             may_compile=may_compile,
             compiled_call=self.compiled,
+            eager_ms=self.payoff.eager_ms,
         )
         hit = not (compiled or uncompiled or self.later.compiling)
         if hit and self.payoff.ran_compiled(step_s):

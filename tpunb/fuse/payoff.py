@@ -32,6 +32,11 @@ class Payoff:
     compiled_s: list[float] = field(default_factory=list)  # its first compiled runs that hit
     slower: bool = False  # its compiled runs were slower than its eager runs: eager for good
 
+    @property
+    def eager_ms(self) -> float | None:
+        """Its recent eager runs' median, in ms (what strict mode costs it), once it has run so."""
+        return statistics.median(self.recent_eager_s) * 1000 if self.recent_eager_s else None
+
     def compiles_now(self, compiled_before: bool, sync_compile: bool, after_s: float) -> bool:
         """Whether this run goes through Dynamo: it has run compiled before, or its compile
         pays off now, unless compiled runs proved slower than eager ones."""

@@ -45,6 +45,11 @@ COMPARED_RUNS = 8
 TRAINING_STEP_PER_FORWARD = 3.0
 
 
+#: A group's reason while it comes back once a cell and its runs have not paid for a compile.
+ONCE_A_CELL = (
+    "seen once a cell: compiles once its op-by-op runs have cost what a compile would "
+    f"(about {COMPILE_COST_S:g} s)"
+)
 #: A warming group's reason: recorded where the next runs are a hot call's or step's.
 WARMING = "recorded in a module call about to be compiled whole"
 
@@ -63,6 +68,9 @@ class GroupFacts:
     state: VariantState  # of its cache variant (FAILED also when compiling is off)
     sightings: int  # of this variant, this one included
     repeat: bool  # its structure was seen before (the cache's skeletons)
+    recurs: bool  # sighted twice in one cell (a loop's step), not once a cell (set-up)
+    replayed_s: float  # what its sightings so far cost run op by op
+    compile_after_s: float  # FuseOptions.compile_after_s: what a compile costs the notebook
     warming: bool  # recorded in a call of a module about to be compiled whole (hotcalls.py)
     tiny: bool  # settled.tiny: a few ops on small tensors
     storming: bool  # its op sequence has compiled for STORM_VARIANTS shapes already
@@ -91,7 +99,14 @@ def plan(facts: GroupFacts) -> Decision:
       not come back;
     * during a recompile storm (an op sequence already compiled for many shapes), a new shape
       until it has come back ``HOT_SIGHTINGS`` times: the fix for a storm (padding to one
-      shape) still ends in compiled steps, while one-off shapes keep running op by op.
+      shape) still ends in compiled steps, while one-off shapes keep running op by op;
+    * a group that comes back once a cell, not within one (a model's initialization in a
+      cell or script run again, its adoption), until its op-by-op runs have cost what a
+      compile costs the notebook (``compile_pays_off``, rent or buy, as hot calls do): a few
+      milliseconds a run repay a compile only after hundreds of runs, and compiled on the
+      worker while the next run's loop runs, it slowed that run (a word-level LSTM script
+      run again with ``%run``: 2.2 s against strict's 1.1 s, its hot calls waiting for the
+      compiler). A loop's step recurs within its cell and compiles when seen again.
     """
     if facts.state is VariantState.READY:
         return Decision(Action.RUN_COMPILED, "compiled before")
@@ -112,6 +127,9 @@ def plan(facts: GroupFacts) -> Decision:
         return Decision(compile_now, f"seen {facts.sightings} times during a recompile storm")
     if facts.sync_compile:
         return Decision(compile_now, "--sync-compile: compiled when first seen")
+    once_a_cell = facts.repeat and not facts.recurs
+    if once_a_cell and not compile_pays_off(facts.replayed_s, False, facts.compile_after_s):
+        return Decision(Action.REPLAY, ONCE_A_CELL)
     if facts.repeat:
         return Decision(compile_now, "seen again: compiles for its next run")
     return Decision(Action.REPLAY, "seen once: compiles if it comes back")

@@ -129,6 +129,11 @@ class Runtime(Protocol):
         happened, what is lost and what brings it back; [] for the user's own errors."""
         ...
 
+    def begin_cell(self) -> None:
+        """A notebook cell starts: a runtime that plans per cell counts it (the native engine
+        compiles a cell's set-up only once its runs have paid for it: fuse/plan.py)."""
+        ...
+
     def default_changed(self, config: ModeConfig) -> None:
         """The notebook's default mode is now ``config``: a runtime with a process-wide mode
         setting follows it, so threads a cell starts run in the default mode too."""

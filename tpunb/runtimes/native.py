@@ -141,6 +141,9 @@ class NativeRuntime:
     ) -> list[str]:
         return []  # its errors say what failed themselves (CUDA's out-of-memory names its figures)
 
+    def begin_cell(self) -> None:
+        self.engine.begin_cell()
+
     def default_changed(self, config: ModeConfig) -> None:
         """Modes here are per-thread scopes opened by the session; choosing fused or compile
         queues their one-time imports for when the kernel is idle, before the next cell."""

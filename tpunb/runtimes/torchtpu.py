@@ -155,6 +155,9 @@ class TorchTpuRuntime:
         with deferring:
             yield
 
+    def begin_cell(self) -> None:
+        pass  # TorchTPU's DEFER_AND_FUSE keeps its own cache of groups, not per cell
+
     def default_changed(self, config: ModeConfig) -> None:
         with _quiet():
             self._tpu.eager_mode = self._eager_mode(config.mode)

@@ -171,6 +171,9 @@ class XlaRuntime:
     ) -> list[str]:
         return []  # not yet told apart on PyTorch/XLA (no chip of its kind here to learn from)
 
+    def begin_cell(self) -> None:
+        pass  # PyTorch/XLA caches graphs by their content, not per cell
+
     def default_changed(self, config: ModeConfig) -> None:
         pass  # the eager flag is set per cell by mode_scope
 
