@@ -7,6 +7,7 @@ over a whole step (recording, flushing, handing results back).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import signal
 import sys
@@ -164,3 +165,34 @@ def test_an_interrupt_a_finalizer_swallowed_still_stops_the_cell():
         while len(waited) < 200:  # the cell runs on: a dropped interrupt would let it finish
             waited.append(time.sleep(0.001))
     assert len(waited) < 200 and sys.unraisablehook is hook
+
+
+def global_module_hooks() -> list[int]:
+    """How many hooks torch's tables of global module hooks hold."""
+    tables = torch.nn.modules.module
+    return [
+        len(tables._global_forward_pre_hooks),
+        len(tables._global_forward_hooks),
+        len(tables._global_forward_hooks_always_called),
+    ]
+
+
+def test_an_interrupt_while_a_scope_installs_or_removes_its_module_hooks_leaves_none_behind():
+    """A SIGINT between registering a fused scope's global module hooks and the scope's
+    cleanup left them in torch's tables for good: every later hot call traced them (a graph
+    break at their thread check), ran uncompiled and was refused (found as a unit test that
+    failed only after this file's sweep of interrupts)."""
+    engine = FusionEngine(torch.device("cpu"))
+    before = global_module_hooks()
+
+    def install_and_remove():
+        with engine.hot.hooks.installed():
+            pass
+
+    total = engine_lines(install_and_remove)
+    assert total > 5
+    for signal_at in range(1, total + 1):
+        with contextlib.suppress(KeyboardInterrupt):
+            engine_lines(install_and_remove, signal_at)
+        install_and_remove()  # the next scope, uninterrupted
+        assert global_module_hooks() == before, f"SIGINT at engine line {signal_at}"

@@ -146,10 +146,16 @@ class ModuleCallHooks:
         self._owner: int | None = None  # the thread of the outermost scope
 
     def _register(self) -> None:
+        """Each handle is kept as soon as it exists, and what an interrupt left of an earlier
+        install goes first: an interrupt that stopped a scope halfway through installing or
+        removing left a hook of a finished scope in torch's tables, and every later hot call
+        traced it (a graph break at its thread check) and ran uncompiled, refused for good."""
+        self._remove()
         hooks = torch.nn.modules.module
         before = hooks.register_module_forward_pre_hook(self._before_call)
+        self._handles.append(before)
         after = hooks.register_module_forward_hook(self._after_call, always_call=True)
-        self._handles = [before, after]
+        self._handles.append(after)
         # where they sit in torch's tables of global hooks, for lifting them out and back
         self._places = [
             (hooks._global_forward_pre_hooks, before.id),
@@ -166,17 +172,18 @@ class ModuleCallHooks:
             self._after(module, out)
 
     def _remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles, self._places = [], []
+        self._places = []
+        while self._handles:
+            self._handles[-1].remove()  # (removing twice is harmless: an interrupt between)
+            self._handles.pop()
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        if self._installs == 0:
-            self._owner = _thread.get_ident()
-            self._register()
         self._installs += 1
         try:
+            if self._installs == 1:
+                self._owner = _thread.get_ident()
+                self._register()
             yield
         finally:
             self._installs -= 1
