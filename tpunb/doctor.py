@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tpunb.reserved_calls import FIXED_IN
 from tpunb.runtimes import RuntimeUnavailable, detect_runtime, resolve_choice
 from tpunb.runtimes.detect import chips_found, cuda_device_name, installed
 from tpunb.runtimes.hardware import TpuHardware, scan_tpu
@@ -36,6 +37,7 @@ PACKAGES = (
     ("jupyterlab", False),
     ("ipywidgets", False),
     ("anywidget", False),
+    ("transformers", False),
 )
 
 #: torch versions torch_tpu 0.2.0 supports (it fails ``import torch`` outside them).
@@ -94,6 +96,15 @@ def check_torch_pairs(versions: dict[str, str | None]) -> list[Check]:
         inside = low <= release(torch)[:2] <= high
         detail = f"torch {torch}; torch_tpu supports torch {low[0]}.{low[1]}-{high[0]}.{high[1]}"
         checks.append(Check("torch for torch_tpu", OK if inside else ERROR, detail))
+    transformers = versions.get("transformers")
+    fixed = FIXED_IN["transformers"]
+    if tpu and transformers and release(transformers)[:2] < fixed:
+        wanted = ".".join(map(str, fixed))
+        detail = (
+            f"transformers {transformers} calls torch.tpu.is_available, which torch_tpu keeps to torch "
+            f"itself: TrainingArguments (every Trainer) fails; pip install -U 'transformers>={wanted}'"
+        )
+        checks.append(Check("transformers for torch_tpu", WARN, detail))
     return checks
 
 

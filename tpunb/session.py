@@ -33,6 +33,7 @@ from tpunb.mixed_precision import (
     refusal,
 )
 from tpunb.modes import Mode, ModeConfig
+from tpunb.reserved_calls import reserved_call_advice
 from tpunb.runtimes import (
     CPU_FALLBACK,
     CacheStats,
@@ -268,10 +269,11 @@ class Session:
         return record
 
     def explain_failure(self, error: BaseException, namespace: dict[str, Any], cell: int | None) -> list[str]:
-        """What the runtime says about a cell's error, when the device failed (lines to show
-        after the traceback); never raises: a cell's error is already being reported."""
+        """What the runtime says about a cell's error, when the device failed, or which library
+        called an API TorchTPU reserves (lines to show after the traceback); never raises: a
+        cell's error is already being reported."""
         try:
-            return self.runtime.after_failure(error, namespace, cell)
+            return reserved_call_advice(error) or self.runtime.after_failure(error, namespace, cell)
         except Exception as failure:  # the device may be too broken to look at
             return [f"could not look at the device after the failure ({type(failure).__name__}: {failure})"]
 

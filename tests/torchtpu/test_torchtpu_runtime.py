@@ -160,3 +160,15 @@ def test_a_compile_cell_keeps_the_optimizer_out_of_torchtpus_compiler(tpu_kernel
     assert result.error is None, result.error
     assert "ran uncompiled: 2 steps of AdamW" in result.stdout, result.stdout
     assert tpu_kernel.value("torch._dynamo.config.trace_autograd_ops") is True
+
+
+def test_a_library_calling_torchtpus_reserved_api_is_named(tpu_kernel: Kernel, tmp_path: Path) -> None:
+    """torch_tpu refuses ``torch.tpu.is_available()`` to callers outside torch (transformers 5.17's
+    TrainingArguments died on it); the cell is told which package called it."""
+    package = tmp_path / "asks_tpu"
+    package.mkdir()
+    (package / "__init__.py").write_text("import torch\n\ndef ready():\n    return torch.tpu.is_available()")
+    cell = f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport asks_tpu\nasks_tpu.ready()"
+    result = tpu_kernel.run(cell)
+    assert result.error is not None and "is internal to TorchTPU" in result.error["evalue"], result.error
+    assert "asks_tpu ? called torch.tpu.is_available, which torch_tpu keeps to torch itself" in result.stdout

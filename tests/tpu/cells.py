@@ -43,9 +43,9 @@ class Ran:
 class Cells:
     """One in-process IPython shell with tpunb loaded."""
 
-    def __init__(self) -> None:
+    def __init__(self, records: list[dict[str, Any]] | None = None) -> None:
         self.shell = start_ipython()
-        self.records: list[dict[str, Any]] = []  # what ``record`` kept, for the suite's report
+        self.records = [] if records is None else records  # what ``record`` keeps, for a report
         loaded = self.run("%load_ext tpunb")
         assert loaded.error is None, loaded.output
 

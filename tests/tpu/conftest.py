@@ -35,13 +35,18 @@ def _chip_here() -> bool:
     return installed("torch_tpu") and scan_tpu().chips > 0
 
 
+#: Modules whose kernels need the chip before this process's shell opens it: they run first.
+FIRST = ("test_tpu_notebooks.py",)
 #: Modules that break the device on purpose: they run after the rest.
 LAST = ("test_tpu_failures.py",)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    last = [item for item in items if Path(str(item.fspath)).name in LAST]
-    items[:] = [item for item in items if item not in last] + last
+    def place(item: pytest.Item) -> int:
+        name = Path(str(item.fspath)).name
+        return 0 if name in FIRST else 2 if name in LAST else 1
+
+    items.sort(key=place)  # stable: the order within each module stays
 
 
 #: Without a chip the suite is not collected, and the summary says so in one line.
@@ -54,10 +59,17 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 @pytest.fixture(scope="session")
-def cells() -> Iterator[Cells]:
-    shell = Cells()
+def report() -> Iterator[list[dict[str, Any]]]:
+    """The figures tests keep (cells' seconds and losses); written to TPUNB_TPU_REPORT at the end."""
+    rows: list[dict[str, Any]] = []
+    yield rows
+    path = os.environ.get("TPUNB_TPU_REPORT")
+    if path:
+        Path(path).write_text(json.dumps(rows, indent=1))
+
+
+@pytest.fixture(scope="session")
+def cells(report: list[dict[str, Any]]) -> Cells:
+    shell = Cells(records=report)
     shell.ok("import torch, tpunb\nDEVICE = tpunb.device()")
-    yield shell
-    report = os.environ.get("TPUNB_TPU_REPORT")
-    if report:
-        Path(report).write_text(json.dumps(shell.records, indent=1))
+    return shell

@@ -135,7 +135,41 @@ BUILT_IN_THE_CELL = Workload(
     precisions=("fp32",),
 )
 
-WORKLOADS = (MLP, GPT2_ADAMW, LLAMA_ADAM, LORA, NO_READ, BUILT_IN_THE_CELL)
+#: Hugging Face's ``Trainer``: it makes its AdamW and linear schedule inside ``train()``, moves the
+#: model to the device accelerate picks, clips gradients and logs each step's loss. Every epoch is
+#: the four sequences (one batch, shuffled: the mean loss does not depend on the order).
+TRAINER = Workload(
+    "trainer",
+    build=LLAMA
+    + TOKENS
+    + """
+import tempfile
+from transformers import Trainer, TrainingArguments
+
+class Sequences(torch.utils.data.Dataset):
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        return {"input_ids": self.rows[index], "labels": self.rows[index]}
+
+arguments = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, max_steps=6,
+                              learning_rate=3e-3, logging_steps=1, report_to=[], save_strategy="no",
+                              disable_tqdm=True, dataloader_pin_memory=False, seed=0)
+trainer = Trainer(model=model, args=arguments, train_dataset=Sequences(ids.cpu()))
+""",
+    train="""
+trainer.train()
+losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+trained_on = next(model.parameters()).device.type
+""",
+    precisions=("fp32",),
+)
+
+WORKLOADS = (MLP, GPT2_ADAMW, LLAMA_ADAM, LORA, NO_READ, BUILT_IN_THE_CELL, TRAINER)
 
 #: Greedy generation: the tokens every mode must produce as strict does.
 GENERATE = """

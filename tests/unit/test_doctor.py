@@ -52,6 +52,16 @@ def test_torch_tpu_needs_a_torch_in_its_range():
     assert check_torch_pairs({"torch": "2.9.0", "torch_tpu": "0.2.0"})[0].status == ERROR
 
 
+def test_a_transformers_whose_trainer_cannot_start_beside_torch_tpu_is_named_with_the_fix():
+    # transformers 5.17 (a TPU image's) raised in TrainingArguments() on a v5e; 5.20 asks torch.accelerator
+    old = check_torch_pairs({"torch": "2.13.0", "torch_tpu": "0.2.0", "transformers": "5.17.0"})
+    assert [c.status for c in old] == [OK, WARN]
+    assert old[1].detail.endswith("(every Trainer) fails; pip install -U 'transformers>=5.20'")
+    fixed = check_torch_pairs({"torch": "2.13.0", "torch_tpu": "0.2.0", "transformers": "5.25.0"})
+    assert [c.status for c in fixed] == [OK]
+    assert check_torch_pairs({"torch": "2.13.0", "transformers": "5.17.0"}) == []  # no torch_tpu: no guard
+
+
 def test_a_libtpu_older_than_torch_tpu_needs_is_named_with_the_fix():
     # a TPU machine whose JAX brought libtpu 0.0.42.1, first on the path
     old = check_libtpu({"torch_tpu": "0.2.0", "libtpu": "0.0.42.1"}, ">=0.0.50")
