@@ -57,7 +57,7 @@ venv: $(STAMP)
 
 # The JupyterLab extension (extension/) builds with Node.js and packages from the npm registry.
 EXTENSION_SOURCES := extension/package.json extension/yarn.lock extension/pyproject.toml \
-	$(wildcard extension/src/*.ts extension/style/*)
+	$(wildcard extension/src/*.ts extension/style/* extension/schema/*)
 JLPM := cd extension && PATH="$(abspath $(BIN)):$$PATH" jlpm
 
 $(STAMP): pyproject.toml notebooks/assets.txt $(EXTENSION_SOURCES) | node

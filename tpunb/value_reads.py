@@ -36,12 +36,22 @@ ENGINE_READS = {
     "numpy()": ".numpy()",
     "cpu()": ".cpu()",
     "repr()": "print / repr",
+    "bool()": "if tensor / bool()",
 }
 
 
 def flush_reason(reason: str) -> str:
-    """A flush reason in the user's words (``.item()`` for ``aten._local_scalar_dense``)."""
-    return ENGINE_READS.get(reason, reason)
+    """A flush reason in the user's words: ``.item()`` for ``aten._local_scalar_dense``, and an
+    op that needed values by the name the user called it (``torch.allclose``, not ``aten.allclose``)."""
+    said = ENGINE_READS.get(reason)
+    if said is not None:
+        return said
+    name = reason.removeprefix("aten.").split(".")[0]
+    if name != reason and hasattr(torch, name):
+        return f"torch.{name}"
+    if name != reason and hasattr(torch.Tensor, name):
+        return f"Tensor.{name}"
+    return reason
 
 
 def read_name(func: Any, args: tuple, kwargs: dict[str, Any]) -> str | None:

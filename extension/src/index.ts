@@ -3,7 +3,7 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { Notification } from '@jupyterlab/apputils';
+import { ICommandPalette, Notification } from '@jupyterlab/apputils';
 import { DocumentRegistry } from '@jupyterlab/docregistry';
 import {
   INotebookModel,
@@ -18,6 +18,7 @@ import {
 } from '@jupyterlab/translation';
 import { IDisposable } from '@lumino/disposable';
 
+import { monitorIcon } from './icons';
 import { IKernelMessage, KernelLink } from './link';
 import { MonitorPanel } from './monitorpanel';
 import { ModePicker } from './picker';
@@ -79,21 +80,27 @@ const plugin: JupyterFrontEndPlugin<void> = {
     "tpunb in JupyterLab: the kernel's mode and memory in the status bar, a mode picker in the notebook toolbar, the live monitor in a side panel",
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar, ILabShell, ITranslator],
+  optional: [IStatusBar, ILabShell, ITranslator, ICommandPalette],
   activate: (
     app: JupyterFrontEnd,
     notebooks: INotebookTracker,
     statusBar: IStatusBar | null,
     labShell: ILabShell | null,
-    translator: ITranslator | null
+    translator: ITranslator | null,
+    palette: ICommandPalette | null
   ) => {
     const trans = (translator ?? nullTranslator).load('tpunb_lab');
     const links = new NotebookLinks(trans);
     app.docRegistry.addWidgetExtension('Notebook', links);
 
+    // in the right side bar from the start (its icon), fed by the kernel only while shown;
+    // also the status item's click, the command palette and the View menu (schema/plugin.json)
     const monitor = new MonitorPanel(trans);
+    monitor.title.icon = monitorIcon;
+    app.shell.add(monitor, 'right', { rank: 900 });
     app.commands.addCommand(OPEN_MONITOR, {
       label: trans.__('tpunb: Show the Live Monitor'),
+      icon: monitorIcon,
       describedBy: { args: { type: 'object', properties: {} } },
       execute: () => {
         if (!monitor.isAttached) {
@@ -102,6 +109,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         app.shell.activateById(monitor.id);
       }
     });
+    palette?.addItem({ command: OPEN_MONITOR, category: 'tpunb' });
 
     const status = new ModeStatus(
       () => void app.commands.execute(OPEN_MONITOR)

@@ -54,13 +54,18 @@ function unitFor(reference: number): number {
   return power;
 }
 
+/** One decimal below 100, as the monitor panel shows it (`23.5 GiB`, not `24`), without a
+ * trailing `.0` (`16 GiB`). */
 function inUnit(count: number, power: number): string {
   const value = count / 1024 ** power;
-  return power === 0 || value >= 10 ? value.toFixed(0) : value.toFixed(1);
+  if (power === 0 || value >= 100) {
+    return value.toFixed(0);
+  }
+  return value.toFixed(1).replace(/\.0$/, '');
 }
 
 /**
- * `HBM 3.1 / 16 GiB`, or `host RSS 246 MiB / 24 GiB` when used and limit need different
+ * `HBM 3.1 / 16 GiB`, or `host RSS 246 MiB / 23.5 GiB` when used and limit need different
  * units; what the runtime cannot measure reads n/a.
  */
 export function formatMemory(memory: IMemory | null): string {

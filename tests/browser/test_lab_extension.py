@@ -352,3 +352,25 @@ def test_in_notebook_7_a_pick_made_during_a_run_all_applies_from_the_next_cell(l
     last = "document.querySelectorAll('.jp-Cell')[2].querySelector('.jp-OutputArea')?.innerText ?? ''"
     page.wait_for_function(f"() => /mode /.test({last})", timeout=60_000)
     assert page.evaluate(f"() => {last}").strip().splitlines()[0] == "mode fused"
+
+
+def test_the_monitor_is_found_in_the_side_bar_the_view_menu_and_the_palette(lab, page):
+    """Found without the README: the monitor's icon in the right side bar from the start (it
+    opens when asked), "tpunb: Show the Live Monitor" in the View menu and the command palette."""
+    url, _ = lab
+    page.goto(f"{url}/lab")
+    dismiss_news_toast(page)
+    tab = page.locator(".jp-SideBar.jp-mod-right .lm-TabBar-tab[data-id='tpunb-monitor']")
+    tab.wait_for(timeout=60_000)
+    assert tab.get_attribute("title") == "tpunb live monitor"
+    assert tab.locator("svg").count() == 1  # its icon
+    assert not page.locator("#tpunb-monitor").is_visible()
+    page.locator(".lm-MenuBar-itemLabel", has_text="View").click()
+    page.locator(".lm-Menu-itemLabel", has_text="tpunb: Show the Live Monitor").click()
+    page.locator("#tpunb-monitor").wait_for(state="visible", timeout=15_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('apputils:activate-command-palette')")
+    page.locator(".lm-CommandPalette-input").fill("live monitor")
+    found = page.locator(".lm-CommandPalette-item", has_text="tpunb: Show the Live Monitor")
+    found.wait_for(timeout=10_000)
+    header = page.locator(".lm-CommandPalette-header").first.inner_text()
+    assert header.strip().lower() == "tpunb", header

@@ -88,7 +88,8 @@ def test_a_hot_call_runs_eagerly_then_compiled_then_as_its_timings_say_with_stri
     model, losses = train(FusionEngine(torch.device("cpu"), seen.append), 50_000, seen)
     groups = [g for g in seen if isinstance(g, FusionGroup) and g.key == "Linear-training"]
     statuses = [g.status for g in groups]
-    assert (groups[0].status, groups[0].miss_reason) == ("eager", UNTIL_PAID_FOR), groups[0]
+    first = groups[0]
+    assert (first.status, first.plan, first.miss_reason) == ("eager", UNTIL_PAID_FOR, None), first
     assert "hit" in statuses, statuses
     payoff = model._compiled_call_impl.payoff[Regime.TRAINING]
     assert payoff.spent_s >= 0.05 and len(payoff.compiled_s) == COMPARED_RUNS

@@ -64,3 +64,17 @@ def test_the_text_snapshot_shows_counts_and_compile_time():
     }
     assert "compiling 4.0 s ×3 " in format_text(state)
     assert format_text(state).startswith("tpunb monitor · native on cpu · mode fused · bf16\n")
+
+
+def test_last_compile_counts_a_call_compiled_whole_in_the_call_as_the_cache_does():
+    from types import SimpleNamespace
+
+    from tpunb.monitoring.state import MonitorState
+
+    bus = EventBus()
+    state = MonitorState(SimpleNamespace(bus=bus))  # it reads the session's bus alone
+    assert state._last_compile() is None
+    bus.publish(CompileDone(key="chain", ok=True, compile_ms=900.0, error=None))
+    whole = replace(group("miss", 1.0, 2.0, None), key="Sequential-training", compile_ms=1366.9)
+    bus.publish(whole)  # compiled in its call: no CompileDone record, a row with its compile time
+    assert state._last_compile() == {"key": "Sequential-training", "ok": True, "compile_ms": 1366.9}

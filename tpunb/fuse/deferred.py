@@ -98,6 +98,12 @@ class DeferredTensor(torch.Tensor):
     def untyped_storage(self) -> torch.UntypedStorage:
         return self.materialized("storage access").untyped_storage()
 
+    def __bool__(self) -> bool:
+        # flushed here, not in dispatch, where ``bool()`` reaches us as ``aten._local_scalar_dense``
+        # and the monitor would call an ``if`` on a tensor ``.item()``
+        self.materialized("bool()")
+        return super().__bool__()
+
     def cpu(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         self.materialized("cpu()")
         return super().cpu(*args, **kwargs)

@@ -706,6 +706,7 @@ def publish_whole_call(
     if publish is None:
         return
     where = locate()
+    said = reason or why_run(compiled, uncompiled, may_compile, getattr(compiled_call, "__wrapped__", None))
     if compiled:
         status = GroupStatus.MISS
     elif uncompiled:
@@ -724,8 +725,10 @@ def publish_whole_call(
             compile_ms=run_ms if compiled and compile_in_call else None,
             run_ms=run_ms,
             lifted=0,
-            miss_reason=reason
-            or why_run(compiled, uncompiled, may_compile, getattr(compiled_call, "__wrapped__", None)),
+            # waiting for a compile to pay off, or for the compiler, is a plan, not a miss's
+            # reason: the monitor's "last recompile" and the profile's findings read misses
+            miss_reason=None if said in PLANS else said,
+            plan=said if said in PLANS else None,
             whole_call=True,
             at=where.label if where else None,
             eager_ms=eager_ms,
@@ -738,6 +741,8 @@ UNTIL_PAID_FOR = (
     "run as strict mode runs it until its runs have cost what a compile would (about "
     f"{COMPILE_COST_S:g} s; --sync-compile compiles at once)"
 )
+#: A whole call's row texts that say what it waits for (its plan), not why it missed.
+PLANS = (UNTIL_PAID_FOR, COMPILER_BUSY)
 
 
 def publish_eager(engine: HotPathEngine, key: str, started: float, reason: str) -> None:

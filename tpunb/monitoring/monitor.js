@@ -123,6 +123,14 @@ function columnClass(title, detail) {
   return detail ? `${column} tpunb-detail` : column;
 }
 
+// "what flushed it at Cell In[3], line 4": where space runs out, the words are cut, never the
+// place (the user's line is what the row points to)
+function splitTrigger(cell, group) {
+  const where = group.at ? ` at ${group.at}` : "";
+  if (!where || !group.trigger.endsWith(where)) return;
+  cell.replaceChildren(element("span", "tpunb-trigger-what", group.trigger.slice(0, -where.length)), where);
+}
+
 function groupsSection(state, model) {
   const section = element("section", "tpunb-groups");
   const heading = element("h4", "", `fusion groups · ${state.groups_total ?? 0}`);
@@ -142,15 +150,21 @@ function groupsSection(state, model) {
     const shapes = group.input_shapes.map((s) => `[${s.join(",")}]`).join(" ");
     const timings = [ms(group.capture_ms), ms(group.compile_ms), ms(group.run_ms)];
     // one row per distinct group: how often it ran, and how long a background compile has taken
-    const status = group.compiling_s != null ? `compiling ${group.compiling_s.toFixed(1)} s` : group.status;
+    const status = group.compiling_s != null ? `compiling ${group.compiling_s.toFixed(1)}s` : group.status;
     const runs = `×${group.count ?? 1}`;
-    const values = [status, runs, group.ops, topOps, shapes, group.trigger, ...timings];
+    // a call compiled whole is not recorded op by op: it has no op count to show
+    const ops = group.whole_call ? "whole call" : group.ops;
+    const values = [status, runs, ops, topOps, shapes, group.trigger, ...timings];
     values.forEach((value, i) => {
       const cell = row.insertCell();
       cell.textContent = String(value);
       cell.title = String(value);
       cell.className = columnClass(...GROUP_COLUMNS[i]);
     });
+    const [statusCell, , opsCell, , , triggerCell] = row.cells;
+    if (group.whole_call) opsCell.classList.add("tpunb-whole-call");
+    splitTrigger(triggerCell, group);
+    statusCell.title = group.plan ? `${status}: ${group.plan}` : status;
     row.addEventListener("click", () => model.send({ type: "graph", key: group.key }));
   }
   section.appendChild(table);

@@ -38,7 +38,6 @@ class MonitorState:
         self.ticks += 1
         bus = self.session.bus
         cells = [record.as_dict() for record in bus.recent("cell", CELLS_SHOWN)]
-        compiles = bus.recent("compile", 1)
         return {
             "runtime": stats["runtime"],
             "device": stats["device"],
@@ -51,10 +50,23 @@ class MonitorState:
             "groups_total": bus.count("group"),
             "cache": stats["cache"],
             "compile": stats["compile"],
-            "last_compile": compiles[-1].as_dict() if compiles else None,
+            "last_compile": self._last_compile(),
             "last_recompile": self._last_recompile(),
             "tick": self.ticks,
         }
+
+    def _last_compile(self) -> dict[str, Any] | None:
+        """The newest compile: a group's in the background, or a call compiled whole in the
+        call itself (its row's compile time), so that "last compile" agrees with the cache's
+        compile time."""
+        bus = self.session.bus
+        found = [(c.time, c.key, c.ok, c.compile_ms) for c in bus.recent("compile", 1)]
+        groups = bus.recent("group", 50)
+        found += [(g.time, g.key, True, g.compile_ms) for g in groups if g.compile_ms is not None]
+        if not found:
+            return None
+        _, key, ok, compile_ms = max(found)
+        return {"key": key, "ok": ok, "compile_ms": compile_ms}
 
     def _last_recompile(self) -> str | None:
         """Why something compiled again, newest first: a fused miss or a compile-mode guard."""
@@ -97,7 +109,8 @@ def format_text(state: dict[str, Any]) -> str:
     ]
     for group in state["groups"][:5]:
         ops = ", ".join(f"{name}×{n}" for name, n in group["top_ops"].items())
-        timing = f"{group['ops']:>4} ops capture {group['capture_ms']:7.2f} ms run {group['run_ms']:8.2f} ms"
+        size = "whole call" if group.get("whole_call") else f"{group['ops']:>4} ops"
+        timing = f"{size} capture {group['capture_ms']:7.2f} ms run {group['run_ms']:8.2f} ms"
         status = group["status"] + (f" {group['compiling_s']} s" if "compiling_s" in group else "")
         lines.append(f"    {status:<14} ×{group['count']:<5} {timing}  {ops}  ({group['trigger']})")
     return "\n".join(lines)

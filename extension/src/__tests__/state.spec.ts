@@ -55,7 +55,7 @@ describe('formatMemory', () => {
       peak: null,
       limit: 23.5 * GiB
     };
-    expect(formatMemory(rss)).toBe('host RSS 246 MiB / 24 GiB');
+    expect(formatMemory(rss)).toBe('host RSS 246 MiB / 23.5 GiB'); // as the panel says
     const idle = { label: 'CUDA memory', used: 0, peak: 0, limit: 80 * GiB };
     expect(formatMemory(idle)).toBe('CUDA memory 0 B / 80 GiB');
   });
@@ -67,7 +67,7 @@ describe('formatMemory', () => {
     ).toBe('memory n/a');
     expect(
       formatMemory({ label: 'HBM', used: 2 * GiB, peak: null, limit: null })
-    ).toBe('HBM 2.0 GiB / n/a');
+    ).toBe('HBM 2 GiB / n/a');
   });
 });
 
