@@ -96,7 +96,6 @@ const plugin: JupyterFrontEndPlugin<void> = {
     // in the right side bar from the start (its icon), fed by the kernel only while shown;
     // also the status item's click, the command palette and the View menu (schema/plugin.json)
     const monitor = new MonitorPanel(trans);
-    monitor.title.icon = monitorIcon;
     app.shell.add(monitor, 'right', { rank: 900 });
     app.commands.addCommand(OPEN_MONITOR, {
       label: trans.__('tpunb: Show the Live Monitor'),

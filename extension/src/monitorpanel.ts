@@ -1,6 +1,7 @@
 import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
+import { monitorIcon } from './icons';
 import { IKernelMessage, KernelLink } from './link';
 import { ViewModel } from './viewmodel';
 
@@ -20,7 +21,7 @@ export class MonitorPanel extends Widget {
   constructor(private readonly _trans: TranslationBundle) {
     super();
     this.id = 'tpunb-monitor';
-    this.title.label = _trans.__('tpunb');
+    this.title.icon = monitorIcon; // the side bar shows the icon alone, as for JupyterLab's own
     this.title.caption = _trans.__('tpunb live monitor');
     this.addClass('tpunb-MonitorPanel');
     this._style = document.createElement('style');

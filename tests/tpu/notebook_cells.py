@@ -5,7 +5,8 @@
 The hardware suite starts one such process per notebook: a Jupyter kernel cannot start on the TPU
 machine (ipykernel binds a TCP loopback socket for its output pipes, and TCP is closed there), and
 a fresh process gives each notebook a fresh shell and the chip to itself. The report holds each
-code cell's first line, seconds, the lines tpunb printed, and the error that stopped the notebook.
+code cell's first line, seconds, the lines tpunb printed, the end of what it printed, and the
+error that stopped the notebook.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main(name: str, report: str) -> int:
                 "source": cell.source.splitlines()[0][:60] if cell.source else "",
                 "seconds": round(ran.seconds, 2),
                 "tpunb": [line for line in ran.output.splitlines() if line.startswith("[tpunb] ")],
+                "printed": ran.output[-600:],  # the cell's own figures (accuracies, tokens/s)
             }
         )
         if ran.error is not None:
