@@ -26,7 +26,7 @@ RUNNER = Path(__file__).parent / "notebook_cells.py"
 #: against > 0.39 on the CPU), and one step's gradients differ from the CPU's by a median 75 %.
 MOBILENET_ON_TORCHTPU = (
     "MobileNetV2 trains far less on TorchTPU 0.2.0 than on the CPU in every mode, strict included "
-    "(its gradients differ from the CPU's by a median 75 %): not tpunb's to fix, still being narrowed"
+    "(its gradients differ from the CPU's by a median 75 %), so not a tpunb mode's doing; being narrowed"
 )
 FINE_TUNING = (
     "02_finetune_text_classifier",
