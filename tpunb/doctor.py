@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tpunb.reserved_calls import FIXED_IN
+from tpunb.reserved_calls import fixed_release
 from tpunb.runtimes import RuntimeUnavailable, detect_runtime, resolve_choice
 from tpunb.runtimes.detect import chips_found, cuda_device_name, installed
 from tpunb.runtimes.hardware import TpuHardware, scan_tpu
@@ -97,9 +97,8 @@ def check_torch_pairs(versions: dict[str, str | None]) -> list[Check]:
         detail = f"torch {torch}; torch_tpu supports torch {low[0]}.{low[1]}-{high[0]}.{high[1]}"
         checks.append(Check("torch for torch_tpu", OK if inside else ERROR, detail))
     transformers = versions.get("transformers")
-    fixed = FIXED_IN["transformers"]
-    if tpu and transformers and release(transformers)[:2] < fixed:
-        wanted = ".".join(map(str, fixed))
+    wanted = fixed_release("transformers", transformers)
+    if tpu and wanted:
         detail = (
             f"transformers {transformers} calls torch.tpu.is_available, which torch_tpu keeps to torch "
             f"itself: TrainingArguments (every Trainer) fails; pip install -U 'transformers>={wanted}'"

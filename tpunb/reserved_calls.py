@@ -45,12 +45,20 @@ def reserved_call_advice(error: BaseException) -> list[str]:
 def told(api: str, caller: str, version: str | None) -> str:
     """What to say when ``caller`` at ``version`` called the reserved ``api``."""
     said = f"{caller} {version or '?'} called {api}, which torch_tpu keeps to torch itself"
-    fixed = FIXED_IN.get(caller)
-    if fixed is not None and version is not None and release(version)[:2] < fixed:
-        wanted = ".".join(map(str, fixed))
+    wanted = fixed_release(caller, version)
+    if wanted is not None:
         upgrade = f"pip install -U '{caller}>={wanted}'"
         return f"{said}; {caller} >= {wanted} asks torch.accelerator instead: {upgrade}"
     return f"{said}: a newer {caller} may ask torch.accelerator instead (pip install -U {caller})"
+
+
+def fixed_release(package: str, version: str | None) -> str | None:
+    """The release of ``package`` that no longer calls the reserved API (``5.20``) where
+    ``version`` predates it; None where it is fixed there or not known to call it."""
+    fixed = FIXED_IN.get(package)
+    if fixed is None or version is None or release(version)[:2] >= fixed:
+        return None
+    return ".".join(map(str, fixed))
 
 
 def _calling_package(error: BaseException) -> str | None:

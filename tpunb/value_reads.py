@@ -7,6 +7,7 @@ reads as the cell's waits (profiling/waits.py).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -40,6 +41,7 @@ ENGINE_READS = {
 }
 
 
+@functools.lru_cache(maxsize=256)
 def flush_reason(reason: str) -> str:
     """A flush reason in the user's words: ``.item()`` for ``aten._local_scalar_dense``, and an
     op that needed values by the name the user called it (``torch.allclose``, not ``aten.allclose``)."""

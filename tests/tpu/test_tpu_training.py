@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from workloads import GENERATE, GPT2_ADAMW, WORKLOADS, Workload
 
-from tpunb.reserved_calls import FIXED_IN
-from tpunb.versions import distribution_version, release
+from tpunb.reserved_calls import fixed_release
+from tpunb.versions import distribution_version
 
 #: How far a mode's loss may stray from strict's, relatively, at any step: XLA's fusions
 #: change fp32 rounding, and a fast-falling loss carries it on (the Llama's compiled step: 2.6e-6
@@ -32,9 +32,9 @@ def _trainer_refused() -> str | None:
     """Why HF's Trainer cannot start here: transformers before 5.20 calls torch.tpu.is_available,
     which torch_tpu 0.2.0 refuses to callers outside torch (seen on a v5e with 5.17)."""
     version = distribution_version("transformers")
-    fixed = FIXED_IN["transformers"]
-    if version is not None and release(version)[:2] < fixed:
-        return f"transformers {version}'s TrainingArguments calls an API torch_tpu reserves: needs >= 5.20"
+    wanted = fixed_release("transformers", version)
+    if wanted is not None:
+        return f"transformers {version}'s TrainingArguments calls an API torch_tpu reserves: use >= {wanted}"
     return None
 
 
