@@ -273,7 +273,10 @@ def test_the_picker_keeps_its_place_and_width_and_the_panel_fits(lab, page):
     assert printed(page, 2) == "sleeping"
     wait_status(page, "^tpunb · strict · ")
     page.locator(PICKER).select_option("debug")
-    page.wait_for_function(f"() => document.querySelector({NOTE!r}).title !== ''", timeout=5_000)
+    # "switching to debug…" shows until the kernel answers; then the pending pick's sentence
+    page.wait_for_function(
+        f"() => !['', 'switching to debug…'].includes(document.querySelector({NOTE!r}).title)", timeout=15_000
+    )
     note = page.locator(NOTE).get_attribute("title")
     assert note == "debug from the next cell (this one keeps running in strict)", note
     assert toolbar_box(page) == before
