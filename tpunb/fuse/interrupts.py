@@ -13,9 +13,12 @@ bytecode of the main thread, and that can be inside a weakref callback or a ``__
 (PyTorch's weak dictionaries run one whenever a tensor they key dies, many times a step):
 a KeyboardInterrupt raised there is printed as "Exception ignored" and dropped, and the
 cell runs on. So while the guard is installed, a KeyboardInterrupt that reaches
-``sys.unraisablehook`` is sent to the main thread again, a moment later and from a timer's
-thread: sent at once, or while the hook waits for a thread to start, it lands inside the
-hook and is dropped again (should it land in another finalizer, it is sent again).
+``sys.unraisablehook`` is sent to the main thread again, a moment later, by a thread that was
+started beforehand and waits for such requests: the hook only queues one (a C call that
+never blocks), so the hook has returned before the interrupt can land. Sent from within the
+hook, it would land there and be dropped again; a thread started by the hook did exactly
+that on a loaded machine (the hook waits for the thread to start, and the thread's timer ran
+out first). Should the interrupt land in another finalizer, it is sent again.
 
 Only the main thread's calls count: Python runs signal handlers there, and only there can a
 held interrupt be delivered. A tensor of the engine's touched on another thread (a compile
@@ -26,12 +29,14 @@ and the cell would never stop.
 
 from __future__ import annotations
 
+import _queue
 import _signal
 import _thread
 import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -62,6 +67,7 @@ class InterruptGuard:
         outer = _signal.signal(_signal.SIGINT, self._on_signal)
         self._previous.append(_as_callable(outer))
         unraisable = sys.unraisablehook
+        _RESENDER.ready()
         sys.unraisablehook = _interrupts_sent_again(unraisable)
         try:
             yield
@@ -94,15 +100,39 @@ class InterruptGuard:
         handler(signum, frame)
 
 
+class _Resender:
+    """The thread that sends the main thread an interrupt a finalizer dropped, once the hook
+    that asked has returned; started outside any hook (``ready``), restarted after a fork."""
+
+    def __init__(self) -> None:
+        self._requests: _queue.SimpleQueue[None] = _queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def ready(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._serve, name="tpunb-interrupts", daemon=True)
+            self._thread.start()
+
+    def request(self) -> None:
+        self._requests.put(None)
+
+    def _serve(self) -> None:
+        while True:
+            self._requests.get()
+            time.sleep(RESEND_AFTER_S)
+            _thread.interrupt_main()
+
+
+_RESENDER = _Resender()
+
+
 def _interrupts_sent_again(report: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``sys.unraisablehook`` that sends a KeyboardInterrupt a finalizer swallowed to the main
-    thread again, and reports anything else as ``report`` does."""
+    """``sys.unraisablehook`` that has a KeyboardInterrupt a finalizer swallowed sent to the
+    main thread again, and reports anything else as ``report`` does."""
 
     def hook(unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            timer = threading.Timer(RESEND_AFTER_S, _thread.interrupt_main)
-            timer.daemon = True
-            timer.start()
+            _RESENDER.request()
         else:
             report(unraisable)
 
