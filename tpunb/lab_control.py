@@ -62,6 +62,14 @@ class ControlRequests:
             handlers[CARRIER] = self._original
         self._original = None
 
+    def on_notebook_thread(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on the thread that runs cells, once it is free of the message it is
+        serving (ipykernel's main event loop; its ``add_callback`` is the one call that may be
+        made from another thread)."""
+        loop = getattr(self.kernel, "io_loop", None)
+        if loop is not None:
+            loop.add_callback(work)
+
     def _serve(self, stream: Any, ident: Any, msg: dict[str, Any]) -> Any:
         request = msg.get("content", {}).get(REQUEST_KEY)
         if isinstance(request, dict):

@@ -17,9 +17,9 @@ Every message is a JSON dict with a ``type``:
   while the cell is still running.
 - page → kernel ``set_mode`` {mode}: the picker. Between cells it applies at once; if a cell
   is running it applies when that cell ends (``Session.request_default``) and ``pending``
-  says so meanwhile; one sent on the control channel waits for the running cell's end (or,
-  if none runs, the next cell's start). A mode that is unknown or that this runtime cannot run
-  is answered with ``error`` {message}, and nothing changes.
+  says so meanwhile; one sent on the control channel waits for the running cell's end, or,
+  if none runs, applies as soon as the notebook thread is free. A mode that is unknown or
+  that this runtime cannot run is answered with ``error`` {message}, and nothing changes.
 - page → kernel ``monitor`` {open}: the side panel. While one is open the monitor's sampler
   feeds it ``monitor`` {state}, after one ``monitor_view`` {esm, css}: the widget's own view
   code, so the panel and the notebook widget are the same view.
@@ -222,14 +222,27 @@ class LabLink:
             self.session.request_default(ModeConfig.build(name), source="lab", off_thread=off_thread)
         except (ModeError, ModeUnavailable) as error:
             self.send({"type": "error", "message": str(error)})
-        self.push_state(self.session.stats(), force=True)
+        self._after_request(off_thread)
 
     def _set_precision(self, name: Any, off_thread: bool) -> None:
         try:
             self.session.request_precision(parse_precision(name), off_thread=off_thread)
         except PrecisionError as error:
             self.send({"type": "error", "message": str(error)})
+        self._after_request(off_thread)
+
+    def _after_request(self, off_thread: bool) -> None:
+        """Tell the pages; a request kept on the control thread is also handed to the notebook
+        thread, which applies it at once if no cell runs there. The page sends on control
+        while it sees a cell running, and it sees that until the cell's reply arrives: a
+        pick made in that moment waited for the next cell, however long that took."""
         self.push_state(self.session.stats(), force=True)
+        if off_thread and self._control is not None:
+            self._control.on_notebook_thread(self._apply_between_cells)
+
+    def _apply_between_cells(self) -> None:
+        if self.session.apply_pending_between_cells():
+            self.push_state(self.session.stats(), force=True)
 
 
 class PanelFeed:

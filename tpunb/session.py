@@ -277,6 +277,15 @@ class Session:
         except Exception as failure:  # the device may be too broken to look at
             return [f"could not look at the device after the failure ({type(failure).__name__}: {failure})"]
 
+    def apply_pending_between_cells(self) -> bool:
+        """On the notebook thread: requests kept for the end of a cell take effect now if no
+        cell is running (one sent over the control channel just after its cell ended would
+        otherwise wait for the next cell). Returns whether none was running."""
+        if self.cell_running:
+            return False
+        self._apply_pending()
+        return True
+
     def _apply_pending(self) -> None:
         """Requests kept while a cell ran (or made from another thread) take effect now."""
         if (mode := self._modes.take_pending()) is not None:

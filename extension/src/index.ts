@@ -18,6 +18,7 @@ import {
 } from '@jupyterlab/translation';
 import { IDisposable } from '@lumino/disposable';
 
+import { keepCleanWhenKernelFillsIn } from './cleanopen';
 import { monitorIcon } from './icons';
 import { IKernelMessage, KernelLink } from './link';
 import { MonitorPanel } from './monitorpanel';
@@ -27,7 +28,8 @@ import { ModeStatus } from './statusitem';
 const OPEN_MONITOR = 'tpunb:open-monitor';
 
 /**
- * Gives every notebook a link to tpunb in its kernel and a mode picker in its toolbar.
+ * Gives every notebook a link to tpunb in its kernel and a mode picker in its toolbar, and
+ * keeps a notebook opened unchanged from reading as modified (cleanopen.ts).
  * The link lives as long as the notebook panel; the picker is disabled until tpunb loads.
  */
 class NotebookLinks implements DocumentRegistry.IWidgetExtension<
@@ -36,7 +38,11 @@ class NotebookLinks implements DocumentRegistry.IWidgetExtension<
 > {
   constructor(private readonly _trans: TranslationBundle) {}
 
-  createNew(panel: NotebookPanel): IDisposable {
+  createNew(
+    panel: NotebookPanel,
+    context: DocumentRegistry.IContext<INotebookModel>
+  ): IDisposable {
+    keepCleanWhenKernelFillsIn(context.model);
     const link = new KernelLink(panel.sessionContext, () =>
       cellsRunning(panel)
     );

@@ -27,6 +27,7 @@ PICKER = ".tpunb-ModePicker-mode"
 PRECISION = ".tpunb-PrecisionPicker"
 NOTE = ".tpunb-ModePicker-note"
 APP = "window.jupyterapp.shell.currentWidget"
+ROOT = Path(__file__).parents[2]
 
 
 def wait_kernel_idle(page) -> None:
@@ -382,3 +383,24 @@ def test_the_monitor_is_found_in_the_side_bar_the_view_menu_and_the_palette(lab,
     found.wait_for(timeout=10_000)
     header = page.locator(".lm-CommandPalette-header").first.inner_text()
     assert header.strip().lower() == "tpunb", header
+
+
+def test_the_quickstart_opens_unmodified_and_an_edit_still_marks_it(lab, page):
+    """The bundled quickstart names its language only (``{"name": "python"}``): JupyterLab
+    writes the kernel's full language_info into it on opening, and it read as modified before
+    anyone touched it. Filled in, it stays unmodified; an edit of the user's still marks it."""
+    url, root = lab
+    (root / "quickstart.ipynb").write_bytes((ROOT / "notebooks" / "01_quickstart.ipynb").read_bytes())
+    page.goto(f"{url}/lab/tree/quickstart.ipynb")
+    dismiss_news_toast(page)
+    wait_kernel_idle(page)
+    model = f"{APP}.context.model"
+    page.wait_for_function(f"() => !!{model}.getMetadata('language_info')?.version", timeout=60_000)
+    assert page.evaluate(f"() => {model}.getMetadata('language_info').name") == "python"
+    assert page.evaluate(f"() => {model}.dirty") is False
+    tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current")
+    assert "jp-mod-dirty" not in (tab.get_attribute("class") or "")
+    page.evaluate(f"() => {{ {APP}.content.widgets[1].model.sharedModel.setSource('x = 1'); }}")
+    page.wait_for_function(f"() => {model}.dirty === true", timeout=10_000)
+    tab_classes = "document.querySelector('.lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current').className"
+    page.wait_for_function(f"() => {tab_classes}.includes('jp-mod-dirty')", timeout=10_000)
