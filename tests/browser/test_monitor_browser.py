@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 import time
 from pathlib import Path
 
@@ -23,6 +24,11 @@ CELLS = [
     "    loss = torch.nn.functional.cross_entropy(model(data), labels)\n"
     "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n    loss.item()\nprint('done')",
 ]
+
+STATUS_CELLS = ".tpunb-group-table tbody td.tpunb-col-status"
+TRIGGER_CELLS = ".tpunb-group-table tbody td.tpunb-col-trigger"
+#: What a row's status says (monitor.js STATUS_WORDS), never the engine's hit / miss / eager.
+PLAIN_STATUS = r"compiled|compiled now|first seen|compiling( \d+\.\ds)?|as strict|compile failed"
 
 RUNNING = "() => [...document.querySelectorAll('.jp-InputPrompt')].some(p => p.textContent.includes('*'))"
 
@@ -73,3 +79,8 @@ def test_monitor_readouts_change_while_the_cell_runs(lab, page):
     assert changes(groups) >= 5, groups
     assert changes(memory) >= 5, memory
     assert screenshot_taken
+    # each row in the user's words: its status plain, a hot call's or step's trigger as well
+    statuses = page.evaluate(f"() => [...document.querySelectorAll({STATUS_CELLS!r})].map(c => c.innerText)")
+    assert statuses and all(re.fullmatch(PLAIN_STATUS, text) for text in statuses), statuses
+    triggers = page.evaluate(f"() => [...document.querySelectorAll({TRIGGER_CELLS!r})].map(c => c.innerText)")
+    assert not [t for t in triggers if "hot:" in t or "-step" in t or "-training" in t], triggers

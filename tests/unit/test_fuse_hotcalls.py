@@ -269,6 +269,7 @@ def test_with_sync_compile_a_hot_call_waits_for_the_worker_and_compiles():
     holder.join()
     [call] = whole_calls(bus)
     assert call.status == GroupStatus.MISS, call
+    assert call.miss_reason is None  # a first compile is no recompile (the monitor's "last recompile")
     torch.testing.assert_close(out, small_model().eval()(x))
 
 
@@ -384,6 +385,7 @@ def test_calls_past_dynamos_recompile_limit_run_uncompiled_and_say_so():
     assert losses == pytest.approx([step(twin, twin_opt, n) for n in sizes], rel=1e-5)
     records = whole_calls(bus, "-training")
     assert [r.status for r in records] == ["miss", "miss", "eager", "eager"], records
+    assert records[0].miss_reason is None and "shape" in records[1].miss_reason  # then a recompile
     assert records[-1].miss_reason.startswith("run uncompiled: Dynamo's limit of 2 compiled versions")
     assert "shape" in records[-1].miss_reason
     step_hits = [r for r in whole_calls(bus, "-step") if r.status == "hit"]  # the SGD steps compile

@@ -93,7 +93,7 @@ def test_a_hot_call_runs_eagerly_then_compiled_then_as_its_timings_say_with_stri
     assert "hit" in statuses, statuses
     payoff = model._compiled_call_impl.payoff[Regime.TRAINING]
     assert payoff.spent_s >= 0.05 and len(payoff.compiled_s) == COMPARED_RUNS
-    slower = [g for g in groups if (g.miss_reason or "").startswith("compiled, it ran slower than eagerly")]
+    slower = [g for g in groups if (g.plan or "").startswith("compiled, it ran slower than eagerly")]
     assert len(slower) == payoff.slower  # said once, where the timings said so
     # a Linear built again runs eagerly first too if compiled proved slower (hotcode.py)
     assert model._compiled_call_impl.code(Regime.TRAINING).slower == payoff.slower

@@ -518,7 +518,7 @@ class HotCall:
         spent = time.perf_counter() - started
         weight = TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0
         if self.payoff[now].ran_eagerly(spent, weight):  # one row says why nothing compiles yet
-            publish_eager(engine, self.key(now), started, UNTIL_PAID_FOR)
+            publish_eager(engine, self.key(now), f"{self.name} call", started, UNTIL_PAID_FOR)
         return mark(out)
 
     def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: Regime) -> Any:
@@ -566,7 +566,7 @@ class HotCall:
         payoff = self.payoff[now]
         if not (compiled or uncompiled or compiling) and payoff.ran_compiled(call_s):
             code.slower = True  # a model built again runs eagerly first too (and times it again)
-            publish_eager(engine, self.key(now), started, payoff.slower_reason())
+            publish_eager(engine, self.key(now), f"{self.name} call", started, payoff.slower_reason())
         if training:
             backward_as_forward(engine, out, made)
         return mark(out)  # and if it is recorded again, it works on these: settled.py
@@ -645,19 +645,21 @@ def in_fused_scope(engine: HotPathEngine) -> bool:
 
 
 def why_run(compiled: int, uncompiled: bool, may_compile: bool, code: Any) -> str | None:
-    """A call compiled whole, in words, for its group row: None for a hit, else why it
-    compiled or ran as it is (``compiling_only_if_free``: the worker held the compiler)."""
+    """A call compiled whole, in words, for its group row: None for a hit and a first compile,
+    else why it compiled again or ran as it is (``compiling_only_if_free``: the worker held
+    the compiler)."""
     if not (compiled or uncompiled):
         return None
     return why_compiled(compiled, code) if may_compile else COMPILER_BUSY
 
 
-def why_compiled(compiled: int, code: Any) -> str:
+def why_compiled(compiled: int, code: Any) -> str | None:
     """What made Dynamo compile ``compiled`` graphs for a call of ``code`` (a hot call's
     frame), or run it uncompiled: a failed guard on that code, in words (a shape that changed,
-    a flag), or that it was the first call. Dynamo records one failure per version it checked:
-    of the last call's, a changed shape explains it best (the version it failed may differ
-    in something else too, such as the mode stack of the cell that compiled it)."""
+    a flag); None for its first compile (the monitor's "last recompile" reads these).
+    Dynamo records one failure per version it checked: of the last call's, a changed shape
+    explains it best (the version it failed may differ in something else too, such as the
+    mode stack of the cell that compiled it)."""
     from torch._dynamo import config
     from torch._dynamo.utils import guard_failures
 
@@ -666,12 +668,11 @@ def why_compiled(compiled: int, code: Any) -> str:
     failed = [explain_guard(f) for f in guard_failures.get(getattr(code, "__code__", None), [])]
     recent = failed[-config.recompile_limit :]
     reason = next((r for r in reversed(recent) if ".shape[" in r), recent[-1] if recent else None)
-    reason = reason or "its first call compiled"
-    if compiled:
-        return f"Dynamo compiled {compiled} graph(s): {reason}"
+    if compiled:  # (no guard failed: its first compile, which is no miss: its status says so)
+        return f"Dynamo compiled {compiled} graph(s): {reason}" if reason else None
     return (
         f"run uncompiled: Dynamo's limit of {config.recompile_limit} compiled versions was reached "
-        f"and this call fits none of them ({reason})"
+        f"and this call fits none of them" + (f" ({reason})" if reason else "")
     )
 
 
@@ -687,7 +688,7 @@ def publish_whole_call(
     may_compile: bool,
     compiled_call: Any,
     compile_in_call: bool = False,
-    reason: str | None = None,
+    plan: str | None = None,
     eager_ms: float | None = None,
 ) -> None:
     """Count a call compiled whole (a hot module call, a hot optimizer step) in the cache's
@@ -696,8 +697,9 @@ def publish_whole_call(
     while its graph runs as captured, a hit otherwise. A call that ran as it is because the
     worker held the compiler (``may_compile`` false) asked nothing of the cache: its row says
     so, the counters leave it out. ``compile_in_call``: the compile ran inside the call
-    (Inductor at once, not on the worker), so its time is the call's. ``reason``: why it ran
-    as it did, where the caller knows better (``UNTIL_PAID_FOR``). ``eager_ms``: what it
+    (Inductor at once, not on the worker), so its time is the call's. ``plan``: what it does
+    from now on, where the caller decided (``UNTIL_PAID_FOR``, proved slower compiled); else
+    its row says why Dynamo compiled or ran it as it is. ``eager_ms``: what it
     costs run eagerly, as strict mode runs it (its payoff's eager runs), where known."""
     run_ms = (time.perf_counter() - started) * 1000
     if may_compile or not uncompiled:
@@ -706,7 +708,12 @@ def publish_whole_call(
     if publish is None:
         return
     where = locate()
-    said = reason or why_run(compiled, uncompiled, may_compile, getattr(compiled_call, "__wrapped__", None))
+    missed = None
+    if plan is None:
+        said = why_run(compiled, uncompiled, may_compile, getattr(compiled_call, "__wrapped__", None))
+        # waiting for the compiler is a plan, not a miss's reason: the monitor's "last
+        # recompile" and the profile's findings read misses
+        plan, missed = (said, None) if said == COMPILER_BUSY else (None, said)
     if compiled:
         status = GroupStatus.MISS
     elif uncompiled:
@@ -725,10 +732,8 @@ def publish_whole_call(
             compile_ms=run_ms if compiled and compile_in_call else None,
             run_ms=run_ms,
             lifted=0,
-            # waiting for a compile to pay off, or for the compiler, is a plan, not a miss's
-            # reason: the monitor's "last recompile" and the profile's findings read misses
-            miss_reason=None if said in PLANS else said,
-            plan=said if said in PLANS else None,
+            miss_reason=missed,
+            plan=plan,
             whole_call=True,
             at=where.label if where else None,
             eager_ms=eager_ms,
@@ -741,25 +746,23 @@ UNTIL_PAID_FOR = (
     "run as strict mode runs it until its runs have cost what a compile would (about "
     f"{COMPILE_COST_S:g} s; --sync-compile compiles at once)"
 )
-#: A whole call's row texts that say what it waits for (its plan), not why it missed.
-PLANS = (UNTIL_PAID_FOR, COMPILER_BUSY)
 
 
-def publish_eager(engine: HotPathEngine, key: str, started: float, reason: str) -> None:
-    """The group row of a hot call or step that runs eagerly from now on, for ``reason``
-    (``UNTIL_PAID_FOR``, or its compiled runs proved slower), so that the monitor shows why;
-    the cache's counters leave it out."""
+def publish_eager(engine: HotPathEngine, key: str, what: str, started: float, reason: str) -> None:
+    """The group row of a hot call or step (``what``: "Net call", "AdamW.step()") that runs
+    eagerly from now on, for ``reason`` (``UNTIL_PAID_FOR``, or its compiled runs proved
+    slower), so that the monitor shows why; the cache's counters leave it out."""
     publish_whole_call(
         engine,
         key=key,
-        trigger=f"{key}, hot: run eagerly",
+        trigger=f"{what}, run as strict mode runs it",
         started=started,
         compiled=0,
         uncompiled=True,
         compiling=False,
         may_compile=False,
         compiled_call=None,
-        reason=reason,
+        plan=reason,
     )
 
 

@@ -166,7 +166,7 @@ class HotStep:
             started = time.perf_counter()
             out = self.previous(*args, **kwargs)
             if self.payoff.ran_eagerly(time.perf_counter() - started):  # one row says why
-                publish_eager(engine, self.key, started, UNTIL_PAID_FOR)
+                publish_eager(engine, self.key, f"{self.name}.step()", started, UNTIL_PAID_FOR)
             return out
         if not self._made_plain(optimizer):
             return self.previous(*args, **kwargs)
@@ -227,7 +227,7 @@ class HotStep:
         )
         hit = not (compiled or uncompiled or self.later.compiling)
         if hit and self.payoff.ran_compiled(step_s):
-            publish_eager(engine, self.key, started, self.payoff.slower_reason())
+            publish_eager(engine, self.key, f"{self.name}.step()", started, self.payoff.slower_reason())
         if not engine.trace.ops:
             engine.modes.step_aside(engine)
         return out

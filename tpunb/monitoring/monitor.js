@@ -118,6 +118,19 @@ const GROUP_COLUMNS = [
   ["trigger", false], ["capture", true], ["compile", true], ["run", false],
 ];
 
+// a row's status in the user's words (its GroupStatus stays the row's class, for the colour);
+// why it ran so, and what it waits for, is the status cell's tooltip (the row's plan)
+const STATUS_WORDS = {
+  hit: "compiled", miss: "first seen", compiling: "compiling", eager: "as strict",
+  compiled: "compiled", "compile failed": "compile failed",
+};
+
+function statusWords(group) {
+  if (group.compiling_s != null) return `compiling ${group.compiling_s.toFixed(1)}s`;
+  if (group.status === "miss" && group.compile_ms) return "compiled now";
+  return STATUS_WORDS[group.status] ?? group.status;
+}
+
 function columnClass(title, detail) {
   const column = `tpunb-col-${title.replace(" ", "-")}`;
   return detail ? `${column} tpunb-detail` : column;
@@ -150,7 +163,7 @@ function groupsSection(state, model) {
     const shapes = group.input_shapes.map((s) => `[${s.join(",")}]`).join(" ");
     const timings = [ms(group.capture_ms), ms(group.compile_ms), ms(group.run_ms)];
     // one row per distinct group: how often it ran, and how long a background compile has taken
-    const status = group.compiling_s != null ? `compiling ${group.compiling_s.toFixed(1)}s` : group.status;
+    const status = statusWords(group);
     const runs = `×${group.count ?? 1}`;
     // a call compiled whole is not recorded op by op: it has no op count to show
     const ops = group.whole_call ? "whole call" : group.ops;
