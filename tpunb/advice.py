@@ -67,6 +67,30 @@ def fused_slower(groups: Sequence[FusionGroup], *, compiled: bool) -> str | None
     )
 
 
+#: The runtime counter of the fused engine's own time around what it ran as strict mode runs it.
+OVERHEAD_COUNTER = "fused overhead s"
+#: The share of a cell's time that engine overhead must reach before tpunb says so.
+OVERHEAD_SHARE = 0.03
+
+
+def fused_overhead(overhead_s: float, wall_s: float) -> str | None:
+    """What fused mode added to a cell whose calls and steps it ran as strict mode runs them
+    (hot ones waiting for a compile to pay off), or None where it is not noticeable.
+
+    Such a loop cannot be faster than strict's, and its steps pay the engine's wrappers (a
+    ~15 us lower bound a step, measured: the wrappers' own clocks; torch's module-hook path
+    and the rest are not counted, about as much again): a 0.3 ms step of a small MLP runs
+    0.9x strict's speed. Said once the measured part is noticeable, whatever the groups say."""
+    if overhead_s < NOTICEABLE_S or overhead_s < wall_s * OVERHEAD_SHARE:
+        return None
+    return (
+        f"fused is slower here: its own work around the calls and optimizer steps it ran as "
+        f"strict mode runs them took at least {overhead_s * 1000:.0f} ms of this cell's "
+        f"{wall_s:.2f} s ({overhead_s / wall_s:.0%}); steps this small run faster in strict mode "
+        "(%%tpu_mode strict)"
+    )
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'s' if count != 1 else ''}"
 

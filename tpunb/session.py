@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from tpunb import compiler_noise
-from tpunb.advice import CellTimes, fused_slower
+from tpunb.advice import OVERHEAD_COUNTER, CellTimes, fused_overhead, fused_slower
 from tpunb.cellcompile import CellCompiler
 from tpunb.events import CellRun, EventBus, ModeChange
 from tpunb.group_rows import GroupRows
@@ -331,7 +331,8 @@ class Session:
             compile_waited_s=sum(r.waited_ms for r in compiled) / 1000,
             storm=next((r.storm for r in compiled if r.storm), None),
             slower=measured
-            or (fused_slower(self.bus.recent("group", groups), compiled=compiled_here) if groups else None),
+            or (fused_slower(self.bus.recent("group", groups), compiled=compiled_here) if groups else None)
+            or fused_overhead(counters.get(OVERHEAD_COUNTER, 0.0), wall_s),
         )
         self.bus.publish(record)
         _warn_fallbacks(counters)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from tpunb.advice import CellTimes, fused_slower
+from tpunb.advice import CellTimes, fused_overhead, fused_slower
 from tpunb.events import CellRun, FusionGroup
 from tpunb.report import cell_summary, format_bytes, format_memory
 from tpunb.runtimes import MemoryInfo
@@ -147,6 +147,16 @@ def test_calls_compiled_whole_slower_than_their_eager_runs_say_so_without_a_stri
         "compile mode first (%%tpu_profile --mode compile)"
     )
     assert fused_slower([group("hit", 0.0, 3.0, 4.0, ops=0, whole=True)] * 10, compiled=False) is None
+
+
+def test_what_fused_added_to_calls_run_as_strict_is_said_once_noticeable():
+    """A small model's loop whose calls and steps run as strict mode runs them (their compile
+    has not paid off) pays the engine's wrappers every step: said with the measured figures."""
+    said = fused_overhead(0.12, 2.0)
+    assert said is not None and said.startswith("fused is slower here: its own work around the calls")
+    assert "at least 120 ms of this cell's 2.00 s (6%)" in said and "%%tpu_mode strict" in said
+    assert fused_overhead(0.04, 0.5) is None  # not noticeable: under 50 ms
+    assert fused_overhead(0.12, 10.0) is None  # 1.2 % of the cell: within the noise of a run
 
 
 def test_a_reduced_precision_cell_names_its_precision_and_a_strict_one_no_groups():

@@ -9,6 +9,7 @@ run, so their updates fuse into the step too.
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -190,6 +191,13 @@ class Adoption:
             return sum(release_tensor(tensor) for tensor in list(tensors_of(objects)))
 
     def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        started = time.perf_counter()
+        try:
+            self._before_step(optimizer)
+        finally:
+            self.engine.overhead_s += time.perf_counter() - started  # (engine.py: overhead_s)
+
+    def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
         engine = self.engine
         engine.hot.turn_hot()  # the step's backward is done: no graph holds their parameters
         if all(type(p) is not DeferredTensor for group in optimizer.param_groups for p in group["params"]):

@@ -93,6 +93,10 @@ class FusionEngine:
         self.cache = GraphCache(self._compiled)
         self.options = FuseOptions()
         self.groups = 0
+        #: the engine's own time around the calls and optimizer steps it ran as strict mode runs
+        #: them (hot ones waiting for their compile to pay off): what fused added to such a
+        #: loop, which the summary line reports where it is noticeable (advice.py)
+        self.overhead_s = 0.0
         # ops, by how they ran: recorded the new way, followed a known sequence, run eagerly
         self.counts = {"recorded": 0, "followed": 0, "eager": 0, "bookkeeping": 0}
         self.recorder = Recorder(self, self.flush)

@@ -491,6 +491,7 @@ class HotCall:
         return code is not None and code.ran_compiled and not code.slower
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        entered = time.perf_counter()
         module = self.module_ref()  # alive: it is the module being called
         now = regime(module)
         options = self.engine.options
@@ -499,16 +500,19 @@ class HotCall:
         if not self.payoff[now].compiles_now(
             self._compiled_before(now), options.sync_compile, options.compile_after_s
         ):
-            return self._run_eager(module, args, kwargs, now)
+            return self._run_eager(module, args, kwargs, now, entered)
         return self._run_compiled(module, args, kwargs, now)
 
     def key(self, now: Regime) -> str:
         """Its group rows' key in regime ``now``."""
         return self._keys[now]
 
-    def _run_eager(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: Regime) -> Any:
+    def _run_eager(
+        self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: Regime, entered: float
+    ) -> Any:
         """The call as strict mode runs it, on plain tensors outside recording, timed toward
-        its compile paying off; the loop around it runs as eager PyTorch too (aside.py)."""
+        its compile paying off; the loop around it runs as eager PyTorch too (aside.py). What
+        the engine spent around it since ``entered`` is its overhead (``engine.overhead_s``)."""
         engine = self.engine
         args, kwargs = self._plain_arguments(module, args, kwargs)
         self._step_aside()
@@ -519,6 +523,7 @@ class HotCall:
         weight = TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0
         if self.payoff[now].ran_eagerly(spent, weight):  # one row says why nothing compiles yet
             publish_eager(engine, self.key(now), f"{self.name} call", started, UNTIL_PAID_FOR)
+        engine.overhead_s += time.perf_counter() - entered - spent
         return mark(out)
 
     def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: Regime) -> Any:

@@ -146,6 +146,7 @@ class HotStep:
         raise AttributeError(name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        entered = time.perf_counter()
         optimizer = self.optimizer_ref()
         engine, options = self.engine, self.engine.options
         closure = args[0] if args else kwargs.get("closure")
@@ -163,10 +164,13 @@ class HotStep:
             self._compiled is not None, options.sync_compile, options.compile_after_s
         ):
             # as strict mode steps: its pre-hook makes the state plain and steps aside (adopt.py)
+            # (its pre-hook's time is counted by the hook: adopt.py)
             started = time.perf_counter()
             out = self.previous(*args, **kwargs)
-            if self.payoff.ran_eagerly(time.perf_counter() - started):  # one row says why
+            spent = time.perf_counter() - started
+            if self.payoff.ran_eagerly(spent):  # one row says why
                 publish_eager(engine, self.key, f"{self.name}.step()", started, UNTIL_PAID_FOR)
+            engine.overhead_s += time.perf_counter() - entered - spent
             return out
         if not self._made_plain(optimizer):
             return self.previous(*args, **kwargs)

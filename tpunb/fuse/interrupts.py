@@ -42,6 +42,8 @@ from types import FrameType
 from typing import Any
 
 Handler = Callable[[int, FrameType | None], Any]
+#: The name of the thread that sends a dropped interrupt again (one per process, once needed).
+RESENDER = "tpunb-interrupts"
 #: How long after a finalizer dropped an interrupt it is sent again (the hook has returned).
 RESEND_AFTER_S = 0.001
 
@@ -110,7 +112,7 @@ class _Resender:
 
     def ready(self) -> None:
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._serve, name="tpunb-interrupts", daemon=True)
+            self._thread = threading.Thread(target=self._serve, name=RESENDER, daemon=True)
             self._thread.start()
 
     def request(self) -> None:

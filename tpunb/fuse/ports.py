@@ -65,6 +65,7 @@ class HotPathEngine(WrapperEngine, Protocol):
     hot_steps: HotSteps
     cache: GraphCache
     publish: Any
+    overhead_s: float
 
     def flush(self, reason: str, wait: bool = False, warming: bool = False) -> None: ...
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from tpunb.advice import OVERHEAD_COUNTER
 from tpunb.debug import DebugChecks
 from tpunb.events import Record
 from tpunb.fuse import FuseOptions, FusionEngine
@@ -134,7 +135,8 @@ class NativeRuntime:
         return time.perf_counter() - started
 
     def counters(self) -> dict[str, float]:
-        return {}  # the fused engine reports through FusionGroup records and cache_stats
+        # the fused engine reports through FusionGroup records and cache_stats, and this
+        return {OVERHEAD_COUNTER: self.engine.overhead_s}
 
     def after_failure(
         self, error: BaseException, namespace: Mapping[str, Any], cell: int | None
