@@ -400,6 +400,8 @@ def test_the_quickstart_opens_unmodified_and_an_edit_still_marks_it(lab, page):
     assert page.evaluate(f"() => {model}.dirty") is False
     tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current")
     assert "jp-mod-dirty" not in (tab.get_attribute("class") or "")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "lab-quickstart-opened.png"))
     page.evaluate(f"() => {{ {APP}.content.widgets[1].model.sharedModel.setSource('x = 1'); }}")
     page.wait_for_function(f"() => {model}.dirty === true", timeout=10_000)
     tab_classes = "document.querySelector('.lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current').className"

@@ -129,6 +129,10 @@ class Adoption:
         #: calls of ``adopt`` so far: a hot call whose module's tensors were plain at the last one
         #: need not look again (only adopting makes a plain tensor tpunb's)
         self.adoptions = 0
+        #: optimizers whose parameters and state were plain, with ``adoptions`` then: their
+        #: next steps need not walk them again until something is adopted (a step recorded
+        #: meanwhile could still make new state tpunb's: its ops then go through the engine)
+        self._plain_at: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
 
     def adopt(self, objects: tuple[Any, ...]) -> int:
         """Adopt ``objects`` (modules, optimizers, tensors); returns how many tensors were swapped."""
@@ -200,12 +204,15 @@ class Adoption:
     def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
         engine = self.engine
         engine.hot.turn_hot()  # the step's backward is done: no graph holds their parameters
-        if all(type(p) is not DeferredTensor for group in optimizer.param_groups for p in group["params"]):
+        plain = self._plain_at.get(optimizer) == self.adoptions
+        params = (p for group in optimizer.param_groups for p in group["params"])
+        if plain or all(type(p) is not DeferredTensor for p in params):
             # its parameters are plain: their module's calls are compiled whole (hotcalls.py),
             # its gradients came from autograd as they are. The step runs as eager PyTorch,
             # on plain state, outside recording (an update recorded per parameter would cost
             # a flush per write into a plain parameter); stepped again, compiled (hotsteps.py).
-            self.release_stepping(optimizer)
+            if not plain and self.release_stepping(optimizer):
+                self._plain_at[optimizer] = self.adoptions
             engine.hot_steps.on_plain_step(optimizer)
             if not engine.trace.ops:
                 engine.modes.step_aside(engine)

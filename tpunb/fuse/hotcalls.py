@@ -87,11 +87,11 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode
 
 from tpunb.events import FusionGroup, GroupStatus
 from tpunb.fuse.adopt import release_tensor, tensors_of
-from tpunb.fuse.aside import outside_modes
+from tpunb.fuse.aside import modes_on_stacks, outside_modes
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.hot_backward import backward_as_forward, next_node_number
 from tpunb.fuse.hotcode import HotCode, HotCodes, architecture
@@ -194,24 +194,32 @@ class ModuleCallHooks:
         """Without tpunb's hooks for the duration (none are lost: they come back after)."""
         return _Lifted(self)
 
+    def lift(self) -> list[tuple[dict[int, Any], int, Any]]:
+        """Take the hooks out of torch's tables (none where an outer hot call lifted them
+        already); ``put_back`` returns them under the same keys, where registering them
+        again would put them: removing and registering them (new handles) cost 3.5 us of a
+        small model's 35 us eager call (measured in situ)."""
+        return [(table, key, table.pop(key)) for table, key in self._places if key in table]
+
+    @staticmethod
+    def put_back(lifted: list[tuple[dict[int, Any], int, Any]]) -> None:
+        for table, key, hook in lifted:
+            table[key] = hook
+
 
 class _Lifted:
-    """``ModuleCallHooks.lifted``'s context: a class, not a generator (every hot call enters
-    one). The hooks leave torch's tables of global hooks and go back under the same keys, at
-    the end, where registering them again would put them: removing and registering them
-    (new handles) cost 3.5 us of a small model's 35 us eager call (measured in situ)."""
+    """``ModuleCallHooks.lifted``'s context: a class, not a generator (every compiled hot call
+    enters one)."""
 
     def __init__(self, hooks: ModuleCallHooks) -> None:
         self.hooks = hooks
         self.lifted: list[tuple[dict[int, Any], int, Any]] = []
 
     def __enter__(self) -> None:
-        # (none where an outer hot call lifted them already)
-        self.lifted = [(table, key, table.pop(key)) for table, key in self.hooks._places if key in table]
+        self.lifted = self.hooks.lift()
 
     def __exit__(self, *exc_info: object) -> None:
-        for table, key, hook in self.lifted:
-            table[key] = hook
+        self.hooks.put_back(self.lifted)
 
 
 class HotCalls:
@@ -427,6 +435,8 @@ def holds_tensors(module: torch.nn.Module) -> bool:
     its ops are recorded, and it never turns hot itself (plan.py). A hot call of its own cost
     more than the loss it computes (measured: ignite's loop, whose loss is an
     ``nn.CrossEntropyLoss``, at 0.85x strict)."""
+    if not (module._parameters or module._buffers or module._modules):
+        return False  # (a loss or an activation, asked at each of its calls)
     return (
         any(tensor is not None for tensor in module._parameters.values())
         or any(tensor is not None for tensor in module._buffers.values())
@@ -468,6 +478,8 @@ class HotCall:
         self.tensors = [*module.parameters(), *module.buffers()]
         self._plain_since = -1  # the count of adoptions when its tensors were last seen plain
         self.called: set[Regime] = set()  # the regimes it has run compiled in
+        #: per regime, ``HotCodes.count`` when its architecture last had no code there
+        self._none_at: dict[Regime, int] = {}
         # its group rows' keys and triggers, by regime (made once: every call names them)
         self._keys = {Regime.TRAINING: f"{self.name}-training", Regime.INFERENCE: f"{self.name}-whole"}
         self._triggers = {
@@ -487,8 +499,17 @@ class HotCall:
         """Whether it, or a module of its architecture, has run compiled in regime ``now``."""
         if now in self.called:
             return True
-        code = self.engine.hot.codes.get(self.architecture, now)
-        return code is not None and code.ran_compiled and not code.slower
+        code = self._codes.get(now)
+        if code is None:  # (asked every eager call: look it up only once a code was made)
+            codes = self.engine.hot.codes
+            if self._none_at.get(now) == codes.count:
+                return False
+            code = codes.get(self.architecture, now)
+            if code is None:
+                self._none_at[now] = codes.count
+                return False
+            self._codes[now] = code
+        return code.ran_compiled and not code.slower
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         entered = time.perf_counter()
@@ -516,9 +537,17 @@ class HotCall:
         engine = self.engine
         args, kwargs = self._plain_arguments(module, args, kwargs)
         self._step_aside()
+        hooks = engine.hot.hooks
         started = time.perf_counter()
-        with engine.hot.hooks.lifted(), outside_modes():
-            out = module._call_impl(*args, **kwargs)
+        lifted = hooks.lift()  # (not ``lifted()`` and ``outside_modes()``: two contexts a call)
+        try:
+            if modes_on_stacks():
+                with _disable_current_modes():
+                    out = module._call_impl(*args, **kwargs)
+            else:  # (stepped aside: the usual case)
+                out = module._call_impl(*args, **kwargs)
+        finally:
+            hooks.put_back(lifted)
         spent = time.perf_counter() - started
         weight = TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0
         if self.payoff[now].ran_eagerly(spent, weight):  # one row says why nothing compiles yet
@@ -592,7 +621,10 @@ class HotCall:
         now on the loop around hot calls runs as eager PyTorch (aside.py), so it will not come
         back, and its compile would hold the compile lock Dynamo needs for this call's capture."""
         engine = self.engine
-        engine.flush(f"{self.name} call (compiled whole)", warming=True)
+        if engine.trace.ops:
+            engine.flush(f"{self.name} call (compiled whole)", warming=True)
+        else:  # (what ``flush`` does with nothing recorded, without its call: every step)
+            engine.trace.warming = True
         adoption = engine.adoption
         if self._plain_since != adoption.adoptions:  # adopted since its tensors were last plain
             with engine.interrupts, outside_modes():
@@ -601,7 +633,7 @@ class HotCall:
                     self.tensors = [*module.parameters(), *module.buffers()]
             if not any(type(t) is DeferredTensor for t in self.tensors):
                 self._plain_since = adoption.adoptions
-        if all(type(v) in PLAIN_KINDS for v in args) and all(type(v) in PLAIN_KINDS for v in kwargs.values()):
+        if all_plain(args) and (not kwargs or all_plain(kwargs.values())):
             return args, kwargs  # (the usual call: a batch of plain tensors)
         with engine.interrupts, outside_modes():
             seen: set[int] = set()
@@ -646,7 +678,8 @@ class HotCall:
 def in_fused_scope(engine: HotPathEngine) -> bool:
     """Whether ops issued now belong to ``engine``'s fused scope: its mode on top of the
     stack, or stepped aside between hot calls (aside.py)."""
-    return getattr(_get_current_dispatch_mode(), "engine", None) is engine or engine.modes.stepped_aside
+    # (stepped aside first: between a loop's hot calls it is, and it is the cheaper question)
+    return engine.modes.stepped_aside or getattr(_get_current_dispatch_mode(), "engine", None) is engine
 
 
 def why_run(compiled: int, uncompiled: bool, may_compile: bool, code: Any) -> str | None:
@@ -773,6 +806,15 @@ def publish_eager(engine: HotPathEngine, key: str, what: str, started: float, re
 
 #: What a hot call's argument may be to be handed to the call as it is.
 PLAIN_KINDS = frozenset({torch.Tensor, int, float, bool, str, type(None)})
+
+
+def all_plain(values: Any) -> bool:
+    """Whether every value is of a ``PLAIN_KINDS`` type (a loop, not ``all`` over a generator:
+    each call's arguments are asked, every step)."""
+    for value in values:  # noqa: SIM110 (the generator costs a frame per call)
+        if type(value) not in PLAIN_KINDS:
+            return False
+    return True
 
 
 def plain_values(engine: HotPathEngine, value: Any, seen: set[int], depth: int = 0) -> Any:

@@ -73,6 +73,12 @@ class HotCodes:
     def get(self, shape: Architecture, now: Regime) -> HotCode | None:
         return self._codes.get((shape, now))
 
+    @property
+    def count(self) -> int:
+        """How many codes were made: a call that found none for its architecture need not
+        look again (and hash its key, a tuple per parameter) until this changes."""
+        return len(self._codes)
+
     def made(self, shape: Architecture, now: Regime, name: str) -> HotCode:
         """The code of ``shape``'s calls in regime ``now``, made if new (``name``: its class's)."""
         code = self._codes.get((shape, now))

@@ -116,6 +116,9 @@ def _small_metas(metas: Any) -> bool:
 def mark(value: Any) -> Any:
     """Tag the plain tensors in ``value`` (a tensor, a tuple or list of them, an HF output's
     fields) as settled; returns ``value``."""
+    if type(value) is torch.Tensor:  # (the usual call's output, every step)
+        setattr(value, TAG, True)
+        return value
     if isinstance(value, dict):  # transformers' ModelOutput is an OrderedDict
         items = value.values()
     else:
