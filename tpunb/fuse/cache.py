@@ -230,9 +230,11 @@ class GraphCache:
         done = variant.done if variant is not None else None
         return done.code if done is not None else None
 
-    def count_whole_call(self, graphs: int, compile_ms: float, uncompiled: bool) -> None:
+    def count_whole_call(self, graphs: int, compile_ms: float, uncompiled: bool, compiling: bool) -> None:
         """A hot module call (hotcalls.py): a miss that compiled ``graphs`` graphs, a miss that
-        ran uncompiled (Dynamo past its recompile limit), or a hit."""
+        ran uncompiled (Dynamo past its recompile limit), a hit, or neither while its graph
+        runs as captured until its compile is done (``compiling``, as a recorded group that
+        replays while it compiles: its row says compiling, and the hits do not climb)."""
         with self._lock:
             c = self.counters
             c.requests += 1
@@ -240,7 +242,7 @@ class GraphCache:
                 c.misses += 1
                 c.compiles += graphs
                 c.compile_ms += compile_ms
-            else:
+            elif not compiling:
                 c.hits += 1
 
     def wait_idle(self) -> None:

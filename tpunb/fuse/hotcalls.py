@@ -741,7 +741,7 @@ def publish_whole_call(
     costs run eagerly, as strict mode runs it (its payoff's eager runs), where known."""
     run_ms = (time.perf_counter() - started) * 1000
     if may_compile or not uncompiled:
-        engine.cache.count_whole_call(compiled, run_ms if compiled else 0.0, uncompiled)
+        engine.cache.count_whole_call(compiled, run_ms if compiled else 0.0, uncompiled, compiling)
     publish = engine.publish
     if publish is None:
         return
