@@ -205,8 +205,9 @@ class Adoption:
         engine = self.engine
         engine.hot.turn_hot()  # the step's backward is done: no graph holds their parameters
         plain = self._plain_at.get(optimizer) == self.adoptions
-        params = (p for group in optimizer.param_groups for p in group["params"])
-        if plain or all(type(p) is not DeferredTensor for p in params):
+        if plain or all(
+            type(p) is not DeferredTensor for group in optimizer.param_groups for p in group["params"]
+        ):
             # its parameters are plain: their module's calls are compiled whole (hotcalls.py),
             # its gradients came from autograd as they are. The step runs as eager PyTorch,
             # on plain state, outside recording (an update recorded per parameter would cost

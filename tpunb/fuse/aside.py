@@ -38,17 +38,14 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 _NOTHING_TO_DISABLE = contextlib.nullcontext()
 
 
-def modes_on_stacks() -> bool:
-    """Whether any dispatch mode is on torch's stacks (the engine's, once stepped aside, is not)."""
-    return bool(torch._C._len_torch_dispatch_stack() or _len_torch_dispatch_stack_pre_dispatch())
-
-
 def outside_modes() -> contextlib.AbstractContextManager[object]:
     """torch's ``_disable_current_modes`` (every dispatch mode off the stacks for the block,
     back after), or nothing where no mode is on them: once the engine's mode has stepped
     aside, the stacks are empty around a hot call's eager run, and torch's context costs
     about 7 us each time (its imports and list building), several times a step."""
-    return _disable_current_modes() if modes_on_stacks() else _NOTHING_TO_DISABLE
+    if torch._C._len_torch_dispatch_stack() or _len_torch_dispatch_stack_pre_dispatch():
+        return _disable_current_modes()
+    return _NOTHING_TO_DISABLE
 
 
 class ModeStack:

@@ -87,11 +87,11 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from tpunb.events import FusionGroup, GroupStatus
 from tpunb.fuse.adopt import release_tensor, tensors_of
-from tpunb.fuse.aside import modes_on_stacks, outside_modes
+from tpunb.fuse.aside import outside_modes
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.hot_backward import backward_as_forward, next_node_number
 from tpunb.fuse.hotcode import HotCode, HotCodes, architecture
@@ -472,6 +472,7 @@ class HotCall:
         self.called: set[Regime] = set()  # the regimes it has run compiled in
         #: per regime, ``HotCodes.count`` when its architecture last had no code there
         self._none_at: dict[Regime, int] = {}
+        self._flush_reason = f"{self.name} call (compiled whole)"  # (made once: every call flushes)
         # its group rows' keys and triggers, by regime (made once: every call names them)
         self._keys = {Regime.TRAINING: f"{self.name}-training", Regime.INFERENCE: f"{self.name}-whole"}
         self._triggers = {
@@ -530,14 +531,8 @@ class HotCall:
         args, kwargs = self._plain_arguments(module, args, kwargs)
         self._step_aside()
         started = time.perf_counter()
-        # (a ``with``: an interrupt cannot land between lifting the hooks and the promise to
-        # put them back; ``outside_modes`` only where a mode is on the stacks, not the usual)
-        with engine.hot.hooks.lifted():
-            if modes_on_stacks():
-                with _disable_current_modes():
-                    out = module._call_impl(*args, **kwargs)
-            else:
-                out = module._call_impl(*args, **kwargs)
+        with engine.hot.hooks.lifted(), outside_modes():
+            out = module._call_impl(*args, **kwargs)
         spent = time.perf_counter() - started
         weight = TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0
         if self.payoff[now].ran_eagerly(spent, weight):  # one row says why nothing compiles yet
@@ -611,10 +606,7 @@ class HotCall:
         now on the loop around hot calls runs as eager PyTorch (aside.py), so it will not come
         back, and its compile would hold the compile lock Dynamo needs for this call's capture."""
         engine = self.engine
-        if engine.trace.ops:
-            engine.flush(f"{self.name} call (compiled whole)", warming=True)
-        else:  # (what ``flush`` does with nothing recorded, without its call: every step)
-            engine.trace.warming = True
+        engine.flush(self._flush_reason, warming=True)
         adoption = engine.adoption
         if self._plain_since != adoption.adoptions:  # adopted since its tensors were last plain
             with engine.interrupts, outside_modes():
@@ -776,9 +768,9 @@ UNTIL_PAID_FOR = (
 )
 
 
-def publish_eager(engine: HotPathEngine, key: str, what: str, started: float, reason: str) -> None:
+def publish_eager(engine: HotPathEngine, key: str, what: str, started: float, plan: str) -> None:
     """The group row of a hot call or step (``what``: "Net call", "AdamW.step()") that runs
-    eagerly from now on, for ``reason`` (``UNTIL_PAID_FOR``, or its compiled runs proved
+    eagerly from now on, by ``plan`` (``UNTIL_PAID_FOR``, or its compiled runs proved
     slower), so that the monitor shows why; the cache's counters leave it out."""
     publish_whole_call(
         engine,
@@ -790,7 +782,7 @@ def publish_eager(engine: HotPathEngine, key: str, what: str, started: float, re
         compiling=False,
         may_compile=False,
         compiled_call=None,
-        plan=reason,
+        plan=plan,
     )
 
 
