@@ -125,6 +125,13 @@ def test_doctor_sees_torch_tpu_and_no_chip() -> None:
     assert "torch_tpu is installed but no TPU present" in done.stdout
 
 
+def test_without_a_chip_no_tier3_cache_is_named(tpu_kernel: Kernel) -> None:
+    """On a chip tpunb names TorchTPU's tier-3 cache (the hardware suite checks it); here, with
+    one named, TorchTPU's compiler would start libtpu and wait for TPU workers that do not exist."""
+    shown = tpu_kernel.run("%tpu_cache")
+    assert "compile cache at the default (set on first use)" in shown.stdout, shown.stdout
+
+
 def test_cache_dir_sets_the_tier3_root_before_first_use(tpu_kernel: Kernel, tmp_path: Path) -> None:
     result = tpu_kernel.run(f"%tpu_cache {tmp_path / 'tier3'}")
     assert result.error is None, result.error

@@ -3,6 +3,9 @@ the doctor's verdict, and no warning about code the user did not write."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 from workloads import GPT2_ADAMW
 
 
@@ -41,3 +44,14 @@ def test_a_training_cell_warns_only_about_the_users_own_code(cells) -> None:
     assert ".grad attribute" not in ran.warned, ran.warned
     own = cells.run("reading = loss.grad")
     assert ".grad attribute of a Tensor that is not a leaf" in own.warned, own.warned
+
+
+def test_compiled_programs_are_kept_on_disk_for_the_next_kernel(cells) -> None:
+    """tpunb names TorchTPU's tier-3 cache at ``%load_ext``, before the TPU's first use; a new
+    shape compiled in this process lands there, where a kernel started later finds it."""
+    directory = Path(cells.value("__import__('os').environ['TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT']"))
+    before = {path for path in directory.rglob("*") if path.is_file()}
+    width = 64 + time.time_ns() % 4096  # a shape no earlier run on this machine compiled
+    cells.ok(f"odd = torch.randn(37, {width}, device=DEVICE)\nkept = float((odd @ odd.T).tanh().sum())")
+    after = {path for path in directory.rglob("*") if path.is_file()}
+    assert after - before, f"nothing new in {directory}"

@@ -20,9 +20,14 @@ ENV_VAR = "TPUNB_CACHE_DIR"
 INDUCTOR_ENV_VAR = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def default_cache_dir() -> Path:
+def user_cache_root() -> Path:
+    """``<user cache dir>/tpunb``: where each runtime keeps its compiled programs by default."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tpunb" / "inductor"
+    return Path(base) / "tpunb"
+
+
+def default_cache_dir() -> Path:
+    return user_cache_root() / "inductor"
 
 
 def use_cache_dir(path: str | os.PathLike[str] | None = None) -> Path:

@@ -26,8 +26,10 @@ from typing import Any
 from tpunb import compiler_noise
 from tpunb.debug import DebugChecks
 from tpunb.events import FusionGroup, GroupStatus, Record
+from tpunb.fuse.disk_cache import user_cache_root
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import UNCOMPILED, CacheDirError, CacheStats, MemoryInfo
+from tpunb.runtimes.torchtpu_batchnorm import RunningStatistics
 from tpunb.runtimes.torchtpu_compile import DeviceGuardedBackend, OptimizerSteps, compile_cell_scope
 from tpunb.runtimes.torchtpu_recovery import TpuRecovery
 
@@ -104,6 +106,9 @@ class TorchTpuRuntime:
         self._compiler: DeviceGuardedBackend | None = None  # made at the first compile
         self._optimizer_steps = OptimizerSteps()
         self._recovery = TpuRecovery(torch)
+        self._keep_compiles_by_default()
+        if self.present:  # TorchTPU 0.2.0 leaves BatchNorm's running statistics out (torchtpu_batchnorm.py)
+            RunningStatistics("tpu", lambda: self.eager_mode).install()
 
     # --- modes ----------------------------------------------------------------------------
 
@@ -254,14 +259,34 @@ class TorchTpuRuntime:
             **counts,
         }
 
+    def _initialised(self) -> bool:
+        """Whether the TPU has been used in this process (TorchTPU has read its settings)."""
+        with _quiet():
+            return bool(self._tpu.is_initialized()) if hasattr(self._tpu, "is_initialized") else False
+
+    def _keep_compiles_by_default(self) -> None:
+        """TorchTPU keeps compiled programs across processes only in its tier-3 cache, off until
+        a directory is set. Measured on a v5e, a new process's first step of a small GPT-2 took
+        0.58 s with a warm cache against 4.9 s without (strict; fused 0.48 s against 5.1 s; a
+        compiled module 11.7 s against 20.6 s). So a kernel whose environment names no cache
+        keeps them in ``<user cache dir>/tpunb/torchtpu``, set before the TPU's first use. Not
+        without a chip: there TorchTPU compiles nothing for a TPU, and with a cache named its
+        compiler starts libtpu, which waits for TPU workers that do not exist."""
+        if not self.present or os.environ.get(TIER3_CACHE_ENV) or self._initialised():
+            return
+        directory = user_cache_root() / "torchtpu"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return  # no writable cache directory: compiles are redone in a new kernel (the doctor says so)
+        os.environ[TIER3_CACHE_ENV] = str(directory)
+
     def cache_dir(self, path: str | None = None) -> str | None:
         """TorchTPU's tier-3 cache, which it reads once, when the TPU is first used."""
         current = os.environ.get(TIER3_CACHE_ENV)
         if path is None or path == current:
             return current
-        with _quiet():
-            initialised = bool(self._tpu.is_initialized()) if hasattr(self._tpu, "is_initialized") else False
-        if initialised:
+        if self._initialised():
             raise CacheDirError(
                 "TorchTPU reads its cache setting when the TPU is first used; restart the kernel "
                 "and run %tpu_cache DIR right after %load_ext tpunb"
