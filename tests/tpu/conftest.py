@@ -6,6 +6,10 @@ share one in-process IPython shell: one process holds the chip at a time, openin
 10-15 s, and the TPU machine has no TCP for a kernel. Tests that break the device on purpose
 run last.
 
+The bundled notebooks (``tpu_notebooks``) are a second command, ``-m tpu_notebooks``: on a v5e
+the suite alone takes about 4.5 minutes and the notebooks about 7, and each command must fit
+the TPU machine's 10 minutes a run. Without that marker in ``-m`` they are deselected.
+
 ``TPUNB_TPU_REPORT=PATH`` writes each training cell's mode, precision, seconds and losses
 there as JSON (the closing note's tables come from it).
 """
@@ -41,7 +45,16 @@ FIRST = ("test_tpu_notebooks.py",)
 LAST = ("test_tpu_failures.py",)
 
 
+NOTEBOOKS = "tpu_notebooks"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if NOTEBOOKS not in (config.option.markexpr or ""):
+        notebooks = [item for item in items if item.get_closest_marker(NOTEBOOKS)]
+        if notebooks:
+            config.hook.pytest_deselected(items=notebooks)
+            items[:] = [item for item in items if not item.get_closest_marker(NOTEBOOKS)]
+
     def place(item: pytest.Item) -> int:
         name = Path(str(item.fspath)).name
         return 0 if name in FIRST else 2 if name in LAST else 1
