@@ -6,8 +6,9 @@ debug is ``DEFER_NEVER_AND_LAUNCH_BLOCKING`` (which also turns on TorchTPU's own
 checks; tpunb adds its NaN/Inf origin checks), fused is ``DEFER_AND_FUSE``. A cell runs
 under ``torch.tpu.set_eager_mode`` (a per-thread stack that restores on error), and the
 default follows ``%tpu_mode`` through the global ``torch.tpu.eager_mode`` so threads a cell
-starts see it too. Compile mode is ``torch.compile`` with TorchTPU's ``"tpu"`` compiler,
-handed only what it compiles correctly (torchtpu_compile.py), fused around it.
+starts see it too; in a fused cell each optimizer step ends the deferred graph. Compile mode
+is ``torch.compile`` with TorchTPU's ``"tpu"`` compiler, handed only what it compiles
+correctly (torchtpu_compile.py), fused around it.
 
 Every TorchTPU API used here is experimental or private, so each is reached through
 ``_tpu_api`` or guarded, and a missing one degrades to "unknown", never to a crash.
@@ -80,6 +81,25 @@ def tpu_chip_count() -> int:
         return 0
 
 
+@contextlib.contextmanager
+def optimizer_steps_end_the_deferred_graph(torch: Any) -> Iterator[None]:
+    """In the block, every optimizer step ends with the chip running what DEFER_AND_FUSE deferred.
+    TorchTPU does not know where a training step ends, so a loop that reads no value between
+    steps grew one deferred graph across them; measured on a v5e (a 2-layer GPT-2, AdamW, 10
+    steps, no tpunb): 2.40 s deferred across steps, 0.38 s cut after each step, 0.50 s strict.
+    A loop that reads its loss after the step pays nothing more: the read would run it anyway."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def run_what_was_deferred(optimizer: Any, args: Any, kwargs: Any) -> None:
+        torch.accelerator.synchronize()
+
+    handle = register_optimizer_step_post_hook(run_what_was_deferred)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 class TorchTpuRuntime:
     """TorchTPU on the host's chips; with no chip, its mode API and counters still work (and
     tensors stay on the CPU, untouched by the TPU modes)."""
@@ -136,6 +156,8 @@ class TorchTpuRuntime:
                 stack.enter_context(checks)
             if config.mode is Mode.COMPILE:
                 stack.enter_context(compile_cell_scope(self._optimizer_steps))
+            if config.mode is Mode.FUSED and self.present:
+                stack.enter_context(optimizer_steps_end_the_deferred_graph(self._torch))
             try:
                 yield
             except BaseException:
