@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from tpunb.fuse.plan import COMPILE_COST_S
 from tpunb.modes import HOT_TRAINING_BY_DEFAULT
 
-#: Default bound on ops per group: compile time grows with graph size (research/fusion.md).
+#: Default bound on ops per group: Inductor's compile time grows with the graph's size.
 MAX_OPS = 1000
 
 

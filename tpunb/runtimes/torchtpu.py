@@ -342,7 +342,7 @@ class TorchTpuRuntime:
     def device_trace(self, directory: str) -> contextlib.AbstractContextManager[None]:
         """None: TorchTPU's device tracing plugs into torch.profiler itself (a ``TpuProfilerConfig``,
         torch >= 2.12, a chip); without a chip there is nothing beyond torch.profiler's host
-        view and TorchTPU's cache counters (research/torchtpu.md, section 5)."""
+        view and TorchTPU's cache counters."""
         return contextlib.nullcontext()
 
 
