@@ -61,28 +61,21 @@ matmul_weights += head.numel() if id(head) in embeddings else 0
 
 TRAIN = """
 losses = []
-for step in range({steps}):
+for step in range({{steps}}):
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()
-    losses.append(loss.item())
-"""
+    losses.append({kept})
+{after}"""
 
-#: The same steps reading no value until the loop ends (TorchTPU's DEFER_AND_FUSE grew one
-#: deferred graph across such steps: 0.1x strict on GPT-2 before fused cells cut it at each step).
-TRAIN_NO_READ = """
-losses = []
-for step in range({steps}):
-    loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    losses.append(loss.detach())
-losses = [float(loss) for loss in losses]
-"""
-
-LOOPS = {"reads": TRAIN, "no-read": TRAIN_NO_READ}
+#: Each step's loss read at once, or kept on the device until the loop ends (TorchTPU's
+#: DEFER_AND_FUSE grew one deferred graph across such steps: 0.1x strict on GPT-2 before fused
+#: cells cut it at each step).
+LOOPS = {
+    "reads": TRAIN.format(kept="loss.item()", after=""),
+    "no-read": TRAIN.format(kept="loss.detach()", after="losses = [float(loss) for loss in losses]\n"),
+}
 
 
 @dataclass

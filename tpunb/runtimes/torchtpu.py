@@ -281,11 +281,6 @@ class TorchTpuRuntime:
             **counts,
         }
 
-    def _initialised(self) -> bool:
-        """Whether the TPU has been used in this process (TorchTPU has read its settings)."""
-        with _quiet():
-            return bool(self._tpu.is_initialized()) if hasattr(self._tpu, "is_initialized") else False
-
     def _keep_compiles_by_default(self) -> None:
         """TorchTPU keeps compiled programs across processes only in its tier-3 cache, off until
         a directory is set. Measured on a v5e, a new process's first step of a small GPT-2 took
@@ -294,21 +289,19 @@ class TorchTpuRuntime:
         keeps them in ``<user cache dir>/tpunb/torchtpu``, set before the TPU's first use. Not
         without a chip: there TorchTPU compiles nothing for a TPU, and with a cache named its
         compiler starts libtpu, which waits for TPU workers that do not exist."""
-        if not self.present or os.environ.get(TIER3_CACHE_ENV) or self._initialised():
+        if not self.present or os.environ.get(TIER3_CACHE_ENV):
             return
-        directory = user_cache_root() / "torchtpu"
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            return  # no writable cache directory: compiles are redone in a new kernel (the doctor says so)
-        os.environ[TIER3_CACHE_ENV] = str(directory)
+        with contextlib.suppress(OSError, CacheDirError):  # unwritable, or the TPU already in use:
+            self.cache_dir(str(user_cache_root() / "torchtpu"))  # no cache, as the doctor then says
 
     def cache_dir(self, path: str | None = None) -> str | None:
         """TorchTPU's tier-3 cache, which it reads once, when the TPU is first used."""
         current = os.environ.get(TIER3_CACHE_ENV)
         if path is None or path == current:
             return current
-        if self._initialised():
+        with _quiet():
+            initialised = bool(self._tpu.is_initialized()) if hasattr(self._tpu, "is_initialized") else False
+        if initialised:
             raise CacheDirError(
                 "TorchTPU reads its cache setting when the TPU is first used; restart the kernel "
                 "and run %tpu_cache DIR right after %load_ext tpunb"

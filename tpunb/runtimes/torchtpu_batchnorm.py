@@ -59,10 +59,16 @@ class RunningStatistics:
     ``eager_mode`` names the runtime's current eager mode (each is probed once)."""
 
     def __init__(self, device_type: str, eager_mode: Callable[[], str]) -> None:
+        import torch
+        from torch.nn.modules.batchnorm import _BatchNorm
+
         self.device_type = device_type
         self._eager_mode = eager_mode
         self._leaves: dict[str, bool] = {}  # eager mode -> whether the runtime leaves them
         self._handle: Any = None
+        # looked up once: the hook runs after every module call in the process
+        self._batch_norm = _BatchNorm
+        self._compiling = torch.compiler.is_compiling
 
     def install(self) -> None:
         """For the rest of the process (the runtime lives as long)."""
@@ -72,12 +78,9 @@ class RunningStatistics:
             self._handle = torch.nn.modules.module.register_module_forward_hook(self._after_forward)
 
     def _after_forward(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
-        import torch
-        from torch.nn.modules.batchnorm import _BatchNorm
-
-        if not isinstance(module, _BatchNorm) or not module.training or module.running_mean is None:
+        if not isinstance(module, self._batch_norm) or not module.training or module.running_mean is None:
             return
-        if torch.compiler.is_compiling() or not args or getattr(args[0], "device", None) is None:
+        if self._compiling() or not args or getattr(args[0], "device", None) is None:
             return
         if args[0].device.type != self.device_type or not self._runtime_leaves_them():
             return
