@@ -102,7 +102,7 @@ def cell_summary(record: CellRun) -> str:
 
 def uncompiled_part(counters: dict[str, float]) -> str | None:
     """What a compile cell ran uncompiled, from the runtime's counters: ``ran uncompiled: 6
-    steps of AdamW, 1 graph with tensors off the TPU``."""
+    steps of AdamW, 1 function with tensors off the TPU``."""
     counted = []
     for key, count in counters.items():
         if key.startswith(UNCOMPILED) and count > 0:

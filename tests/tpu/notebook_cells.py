@@ -6,7 +6,7 @@ The hardware suite starts one such process per notebook: a Jupyter kernel cannot
 machine (ipykernel binds a TCP loopback socket for its output pipes, and TCP is closed there), and
 a fresh process gives each notebook a fresh shell and the chip to itself. The report holds each
 code cell's first line, seconds, the lines tpunb printed, the end of what it printed, and the
-error that stopped the notebook.
+error that stopped the notebook; it is written after each cell.
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ def main(name: str, report: str) -> int:
         )
         if ran.error is not None:
             error = f"{type(ran.error).__name__}: {ran.error}\n{ran.output[-3000:]}"
+        # after every cell: a notebook stopped by a time limit still leaves the cells it ran
+        Path(report).write_text(json.dumps({"notebook": name, "cells": rows, "error": error}, indent=1))
+        if error:
             break
-    Path(report).write_text(json.dumps({"notebook": name, "cells": rows, "error": error}, indent=1))
     return 1 if error else 0
 
 

@@ -55,3 +55,31 @@ def test_compiled_programs_are_kept_on_disk_for_the_next_kernel(cells) -> None:
     cells.ok(f"odd = torch.randn(37, {width}, device=DEVICE)\nkept = float((odd @ odd.T).tanh().sum())")
     after = {path for path in directory.rglob("*") if path.is_file()}
     assert after - before, f"nothing new in {directory}"
+
+
+def test_attention_honours_an_explicit_mask_as_the_cpu_does(cells) -> None:
+    """HF passes scaled_dot_product_attention an explicit causal mask (B, 1, S, S) when Dynamo
+    traces it and for padded batches, ``is_causal=True`` otherwise. On a v5e, HF's Trainer step
+    run op by op as Dynamo captured it (with that mask) trained as if the model saw later tokens:
+    each form must give the CPU's causal result."""
+    cells.ok(
+        """
+generator = torch.Generator().manual_seed(3)
+q, k, v = (torch.randn(2, 4, 16, 8, generator=generator) for _ in range(3))
+causal = torch.ones(16, 16, dtype=torch.bool).tril().expand(2, 1, 16, 16)
+additive = torch.zeros(2, 1, 16, 16).masked_fill(~causal, float("-inf"))
+attend = torch.nn.functional.scaled_dot_product_attention
+expected = attend(q, k, v, is_causal=True)
+forms = {"is_causal": {"is_causal": True}, "boolean mask": {"attn_mask": causal.to(DEVICE)},
+         "additive mask": {"attn_mask": additive.to(DEVICE)}}
+previous = torch.get_float32_matmul_precision()
+torch.set_float32_matmul_precision("highest")
+try:
+    on_chip = {name: attend(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), **form) for name, form in forms.items()}
+    gaps = {name: float((out.cpu() - expected).abs().max()) for name, out in on_chip.items()}
+finally:
+    torch.set_float32_matmul_precision(previous)
+"""
+    )
+    gaps = cells.value("gaps")
+    assert all(gap < 1e-3 for gap in gaps.values()), gaps

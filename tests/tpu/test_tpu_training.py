@@ -38,20 +38,9 @@ def _trainer_refused() -> str | None:
     return None
 
 
-#: Measured on a v5e (transformers 5.20, torch_tpu 0.2.0): Trainer.train() in a compile cell gave the
-#: first step's loss and then fell faster than strict's (5.33 against 5.81 at step 2, 4.03 against
-#: 4.57 at step 6), as if the first update were taken twice; on the CPU the same cell in compile mode
-#: gives strict's losses exactly, with or without torch.optim kept out of Dynamo.
-TRAINER_COMPILED_ON_TORCHTPU = "a compile cell's Trainer.train() falls faster than strict's on TorchTPU"
-
-
 def _marks(workload: Workload, mode: str) -> list[pytest.MarkDecorator]:
     refused = _trainer_refused() if workload.name == "trainer" else None
-    if refused:
-        return [pytest.mark.skip(reason=refused)]
-    if workload.name == "trainer" and mode == "compile":
-        return [pytest.mark.xfail(strict=True, reason=TRAINER_COMPILED_ON_TORCHTPU)]
-    return []
+    return [pytest.mark.skip(reason=refused)] if refused else []
 
 
 CASES = [

@@ -38,11 +38,11 @@ def run(**changes) -> CellRun:
 
 
 def test_a_compile_cell_says_what_it_ran_uncompiled():
-    counters = {"ran uncompiled: step of AdamW": 6, "ran uncompiled: graph with tensors off the TPU": 1}
+    counters = {"ran uncompiled: step of AdamW": 6, "ran uncompiled: function with tensors off the TPU": 1}
     line = cell_summary(run(mode="compile", compiled_graphs=2, counters=counters))
     assert line == (
         "[tpunb] compile · 1.23 s · 2 graphs compiled · "
-        "ran uncompiled: 6 steps of AdamW, 1 graph with tensors off the TPU"
+        "ran uncompiled: 6 steps of AdamW, 1 function with tensors off the TPU"
     )
 
 

@@ -46,6 +46,17 @@ def test_folding_in_a_batch_gives_pytorchs_own_update(kind: str, momentum: float
         torch.testing.assert_close(module.running_var, expected[1], rtol=1e-5, atol=1e-6)
 
 
+def test_the_call_that_was_folded_in_still_runs_its_backward() -> None:
+    """Autograd saved the statistics for batch_norm's backward: the fold-in must not look like an
+    in-place change of them (on the chip it failed every BatchNorm model's backward)."""
+    module = torch.nn.BatchNorm2d(4).train()
+    batch = torch.randn(6, 4, 3, 3, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    output = module(batch)
+    fold_in_batch_statistics(module, batch)
+    output.square().sum().backward()
+    assert batch.grad is not None and module.weight.grad is not None
+
+
 def test_a_bfloat16_batch_folds_in_at_float32() -> None:
     module = torch.nn.BatchNorm2d(3).train()
     batch = (torch.randn(6, 3, 5, 5, generator=torch.Generator().manual_seed(1)) * 4 + 2).bfloat16()

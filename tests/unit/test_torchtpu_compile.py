@@ -39,9 +39,9 @@ class MLP(torch.nn.Module):
         return self.b(self.a(x).relu())
 
 
-def test_a_graph_touching_a_tensor_off_the_device_runs_as_captured():
+def test_a_function_touching_a_tensor_off_the_device_runs_as_written():
     """TorchTPU traces a CPU tensor as a TPU placeholder and then fails or aborts when the graph
-    runs: such graphs never reach it."""
+    runs: such graphs never reach it, and their function runs as the user wrote it."""
     inner = Recording()
     guarded = DeviceGuardedBackend(inner, device_type="tpu")  # every tensor here is on the CPU
     torch._dynamo.reset()
@@ -51,7 +51,34 @@ def test_a_graph_touching_a_tensor_off_the_device_runs_as_captured():
     assert guarded.last_reason.startswith("input 0 on cpu")
 
 
-def test_a_graph_on_the_device_reaches_the_compiler_and_one_it_refuses_runs_as_captured():
+def test_the_functions_an_off_device_step_calls_still_compile():
+    """As HF's Trainer's step moves its CPU batch to the chip with the model inlined: the step's
+    graph touches a tensor off the device (here "meta" stands for the CPU and the CPU for the
+    chip), so the step runs as written, and the model's forward, all on the device, compiles on
+    its own. Run as captured instead, such a step trained wrongly on a v5e."""
+    inner = Recording()
+    guarded = DeviceGuardedBackend(inner, device_type="cpu")
+    torch.manual_seed(0)
+    model = MLP()
+
+    def step(batch):
+        marker = torch.empty(1, device="meta")  # a tensor off the device, as the CPU batch is
+        return model(batch).sum() + marker.numel()
+
+    batch = torch.randn(5, 4)
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(step, backend=guarded)(batch)
+    finally:
+        torch._dynamo.reset()
+    assert float(out) == float(model(batch).detach().sum()) + 1
+    assert guarded.counts == {OFF_DEVICE_GRAPH: 1} and "on meta" in guarded.last_reason
+    assert len(inner.graphs) == 1 and any("linear" in op or "Linear" in op for op in inner.graphs[0]), (
+        inner.graphs
+    )
+
+
+def test_a_graph_on_the_device_reaches_the_compiler_and_a_function_it_refuses_runs_as_written():
     inner = Recording()
     on_device = DeviceGuardedBackend(inner, device_type="cpu")
     torch._dynamo.reset()

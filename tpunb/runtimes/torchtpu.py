@@ -316,7 +316,7 @@ class TorchTpuRuntime:
 
     def compile_function(self, fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
         """``torch.compile`` for the chip: TorchTPU's compiler, given only graphs whose tensors
-        are all on the TPU (torchtpu_compile.py); the rest run as captured."""
+        are all on the TPU (torchtpu_compile.py); the other functions run as written."""
         if self._compiler is None:
             from torch._dynamo.backends.registry import lookup_backend
 

@@ -25,7 +25,12 @@ from typing import Any
 
 def fold_in_batch_statistics(module: Any, batch: Any) -> None:
     """Update ``module``'s running statistics with ``batch``'s, as PyTorch's training-mode
-    ``batch_norm`` does (called after the module counted the batch in ``num_batches_tracked``)."""
+    ``batch_norm`` does (called after the module counted the batch in ``num_batches_tracked``).
+
+    The statistics are updated through ``.data``, which has a version counter of its own:
+    autograd saved them for the backward of the call that just ran (``batch_norm``'s backward
+    takes them), and an update it can see fails that backward (on the chip: "modified by an
+    inplace operation"), where PyTorch's own update is part of the op."""
     import torch
 
     with torch.no_grad():
@@ -37,7 +42,7 @@ def fold_in_batch_statistics(module: Any, batch: Any) -> None:
             factor = module.momentum
             if factor is None:  # the cumulative average, as a tensor: no read from the device
                 factor = module.num_batches_tracked.reciprocal().to(running.dtype)
-            running.lerp_(value.to(running.dtype), factor)
+            running.data.lerp_(value.to(running.dtype), factor)
 
 
 def leaves_running_statistics(device: str) -> bool:
