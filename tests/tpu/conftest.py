@@ -6,9 +6,10 @@ share one in-process IPython shell: one process holds the chip at a time, openin
 10-15 s, and the TPU machine has no TCP for a kernel. Tests that break the device on purpose
 run last.
 
-The bundled notebooks (``tpu_notebooks``) are a second command, ``-m tpu_notebooks``: on a v5e
-the suite alone takes about 4.5 minutes and the notebooks about 7, and each command must fit
-the TPU machine's 10 minutes a run. Without that marker in ``-m`` they are deselected.
+The bundled notebooks (``tpu_notebooks``) are a second command, ``-m tpu_notebooks`` (with
+``-k 02_`` and so on for one notebook a run): on a v5e the suite alone takes about 5 minutes and
+the three notebooks together once ran past 8, and a command on the TPU machine must fit in 10.
+Without that marker in ``-m`` they are deselected.
 
 ``TPUNB_TPU_REPORT=PATH`` writes each training cell's mode, precision, seconds and losses
 there as JSON (the closing note's tables come from it).
