@@ -14,11 +14,11 @@ Measured on a TPU v5e (torch_tpu 0.2.0), a training cell handed whole to
   losses (within 1e-4) at 4x strict's speed.
 
 So a compile cell on TorchTPU compiles the graphs Dynamo finds in it, except: a function whose
-graph has any tensor off the TPU, or that TorchTPU refuses, runs as written, and the functions it
-calls get their own chance (``DeviceGuardedBackend``); ``backward()`` is a
-graph break, so autograd runs the compiled backward as it does for ``model.compile()``; and
-optimizer steps run outside Dynamo, under the cell's DEFER_AND_FUSE, which fuses each into one
-program (``compile_cell_scope``). What ran uncompiled is counted for the cell's summary.
+graph has any tensor off the TPU, or that TorchTPU refuses, runs as written, and the functions
+it calls get their own chance (``DeviceGuardedBackend``); ``backward()`` is a graph break, so
+autograd runs the compiled backward as it does for ``model.compile()``; and optimizer steps run
+outside Dynamo, under the cell's DEFER_AND_FUSE, which fuses each into one program
+(``compile_cell_scope``). What ran uncompiled is counted for the cell's summary.
 Dynamo remembers a frame it ran uncompiled: torch.optim's frames that ran in a compile cell
 stay uncompiled when later code compiles (on TorchTPU, where compiled steps trained wrongly,
 the safe side).
