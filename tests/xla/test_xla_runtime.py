@@ -289,3 +289,26 @@ def test_a_cpu_backward_before_the_xla_device_leaves_xla_backward_working(tmp_pa
         assert kernel.value("grad") == [[3.0] * 4] * 2  # d(sum(Wx + b))/dW with x = ones: 3 rows
     finally:
         kernel.shutdown()
+
+
+def test_a_model_moved_to_the_device_keeps_its_tied_weights_and_its_optimizer(xla_kernel: Kernel) -> None:
+    """PyTorch makes new parameters when it moves a module onto torch_xla's tensors (their type
+    cannot take a CPU tensor's place), which unties tied weights and leaves an optimizer made
+    before the move holding CPU tensors; with tpunb loaded, the move keeps each parameter."""
+    code = """
+torch.manual_seed(0)
+tied = torch.nn.ModuleDict({"embed": torch.nn.Embedding(16, 8), "head": torch.nn.Linear(8, 16, bias=False)})
+tied["head"].weight = tied["embed"].weight
+before = tied["embed"].weight
+tied_optimizer = torch.optim.SGD(tied.parameters(), lr=0.5)
+tied.to("xla")
+tied_loss = tied["head"](tied["embed"](torch.arange(4, device="xla"))).logsumexp(-1).mean()
+tied_loss.backward()
+tied_optimizer.step()
+moved = (tied["head"].weight is tied["embed"].weight, tied["embed"].weight is before,
+         tied["embed"].weight.device.type, len(list(tied.parameters())))
+"""
+    result = xla_kernel.run(code)
+    assert result.error is None, result.error
+    assert xla_kernel.value("moved") == [True, True, "xla", 1]
+    assert xla_kernel.value("torch.__future__.get_swap_module_params_on_conversion()") is True

@@ -30,6 +30,7 @@ from tpunb.events import FusionGroup, GroupStatus, Record
 from tpunb.fuse.disk_cache import user_cache_root
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import UNCOMPILED, CacheDirError, CacheStats, MemoryInfo
+from tpunb.runtimes.moved_parameters import keep_parameters_when_moved
 from tpunb.runtimes.torchtpu_batchnorm import RunningStatistics
 from tpunb.runtimes.torchtpu_compile import DeviceGuardedBackend, OptimizerSteps, compile_cell_scope
 from tpunb.runtimes.torchtpu_recovery import TpuRecovery
@@ -129,6 +130,7 @@ class TorchTpuRuntime:
         self._keep_compiles_by_default()
         if self.present:  # TorchTPU 0.2.0 leaves BatchNorm's running statistics out (torchtpu_batchnorm.py)
             RunningStatistics("tpu", lambda: self.eager_mode).install()
+            keep_parameters_when_moved(torch)  # model.to(DEVICE) untied weights (moved_parameters.py)
 
     # --- modes ----------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from tpunb.events import FusionGroup, GroupStatus, Record
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import CPU_FALLBACK, CacheDirError, CacheStats, MemoryInfo, RuntimeUnavailable
 from tpunb.runtimes.hardware import scan_tpu
+from tpunb.runtimes.moved_parameters import keep_parameters_when_moved
 from tpunb.runtimes.xla_first_backward import StartBeforeFirstBackward
 from tpunb.runtimes.xla_graphs import GraphLog, GraphRun
 from tpunb.runtimes.xla_shape_guard import RAISES_SINCE, DotShapeGuard
@@ -95,6 +96,7 @@ class XlaRuntime:
     def __init__(self, publish: Callable[[Record], None] | None = None) -> None:
         check_importable()
         log_path = prepare_graph_log()
+        import torch
         import torch_xla
         import torch_xla.core.xla_model as xm
         import torch_xla.debug.metrics as metrics
@@ -111,6 +113,7 @@ class XlaRuntime:
         if self._graph_log is not None:
             self._graph_log.skip_to_end()
         self._seen_samples: dict[str, float] = {}
+        keep_parameters_when_moved(torch)  # model.to("xla") unties weights (moved_parameters.py)
 
     # --- modes ----------------------------------------------------------------------------
 
