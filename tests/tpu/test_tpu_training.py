@@ -96,6 +96,23 @@ def test_a_compile_cell_says_what_it_ran_uncompiled(cells) -> None:
     assert ran.summary is not None and "ran uncompiled: 6 steps of AdamW" in ran.summary, ran.output
 
 
+def test_a_compile_cell_updates_tensors_in_place_once(cells) -> None:
+    """A compiled graph that updates its inputs in place, as ``clip_grad_norm_`` scales every
+    gradient with ``_foreach_mul_``, applies each update once (HF's Trainer with its clip
+    compiled by TorchTPU trained wrongly on a v5e, its clipped gradient half of strict's)."""
+    cells.ok("values = [torch.full((8,), 2.0).to(DEVICE) for _ in range(3)]\nsingle = values[0].clone()")
+    ran = cells.run(
+        "%%tpu_mode compile\n"
+        "def scale(tensors, one, factor):\n"
+        "    torch._foreach_mul_(tensors, factor)\n"
+        "    one.mul_(factor)\n"
+        "with torch.no_grad():\n"
+        "    scale(values, single, torch.tensor(0.5).to(DEVICE))\n"
+    )
+    assert ran.error is None, ran.output
+    assert cells.value("[float(v.sum()) for v in values] + [float(single.sum())]") == [8.0] * 4
+
+
 def test_generation_gives_strict_tokens_in_every_mode(cells) -> None:
     cells.ok(GPT2_ADAMW.build)
     cells.ok(GENERATE)
