@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from workloads import GPT2_ADAMW
+from workloads import GPT2_ADAMW, LLAMA, TOKENS
 
 
 def test_the_chip_is_found_and_counted_as_torchtpu_counts_it(cells) -> None:
@@ -58,10 +58,9 @@ def test_compiled_programs_are_kept_on_disk_for_the_next_kernel(cells) -> None:
 
 
 def test_attention_honours_an_explicit_mask_as_the_cpu_does(cells) -> None:
-    """HF passes scaled_dot_product_attention an explicit causal mask (B, 1, S, S) when Dynamo
-    traces it and for padded batches, ``is_causal=True`` otherwise. On a v5e, HF's Trainer step
-    run op by op as Dynamo captured it (with that mask) trained as if the model saw later tokens:
-    each form must give the CPU's causal result."""
+    """HF passes scaled_dot_product_attention an explicit causal mask (B, 1, S, S) for padded
+    batches and where Dynamo traces a model without its cache, ``is_causal=True`` otherwise: each
+    form, run op by op on the chip, gives the CPU's causal result."""
     cells.ok(
         """
 generator = torch.Generator().manual_seed(3)
@@ -83,6 +82,50 @@ finally:
     )
     gaps = cells.value("gaps")
     assert all(gap < 1e-3 for gap in gaps.values()), gaps
+
+
+def test_compiled_attention_honours_an_explicit_mask_as_the_cpu_does(cells) -> None:
+    """The forms above compiled for the chip. HF's Trainer turns the model's cache off, and HF
+    then builds an explicit mask under Dynamo (with its packed-sequence check: ``diff``,
+    ``cumsum``, gathers and boolean ``&``) where a loop with the cache passes ``is_causal``; the
+    Trainer in a compile cell on a v5e trained as if its model saw later tokens (logged losses
+    below strict's, the model left worse) while the loop with the cache trained as strict."""
+    cells.ok(
+        """
+generator = torch.Generator().manual_seed(3)
+q, k, v = (torch.randn(2, 4, 16, 8, generator=generator) for _ in range(3))
+causal = torch.ones(16, 16, dtype=torch.bool).tril().expand(2, 1, 16, 16)
+expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+q, k, v, causal = (t.to(DEVICE) for t in (q, k, v, causal))
+previous = torch.get_float32_matmul_precision()
+torch.set_float32_matmul_precision("highest")
+"""
+    )
+    ran = cells.run(
+        """%%tpu_mode compile
+def attend(q, k, v, **form):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, **form)
+compiled = {"is_causal": attend(q, k, v, is_causal=True), "boolean mask": attend(q, k, v, attn_mask=causal)}
+"""
+    )
+    cells.ok("torch.set_float32_matmul_precision(previous)")
+    assert ran.error is None, ran.output
+    gaps = cells.value("{name: float((out.cpu() - expected).abs().max()) for name, out in compiled.items()}")
+    assert all(gap < 1e-3 for gap in gaps.values()), gaps
+
+
+def test_a_compiled_model_without_its_cache_gives_strict_logits(cells) -> None:
+    """A Llama forward with ``use_cache=False`` (as HF's Trainer runs it: HF's explicit mask
+    under Dynamo) compiled for the chip gives strict's logits at full fp32 precision."""
+    highest = 'previous = torch.get_float32_matmul_precision()\ntorch.set_float32_matmul_precision("highest")'
+    cells.ok(LLAMA + TOKENS + highest)
+    forward = "with torch.no_grad():\n    logits = model(input_ids=ids, use_cache=False).logits.cpu()\n"
+    cells.ok(forward + "strict_logits = logits")
+    ran = cells.run("%%tpu_mode compile\n" + forward)
+    cells.ok("torch.set_float32_matmul_precision(previous)")
+    assert ran.error is None, ran.output
+    gap = cells.value("float((logits - strict_logits).abs().max() / strict_logits.abs().max())")
+    assert gap < 1e-3, f"compiled logits differ from strict's by {gap:.3g} of their largest"
 
 
 def test_gpt2_keeps_its_tied_weights_and_trains_as_on_the_cpu(cells) -> None:
