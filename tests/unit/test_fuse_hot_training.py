@@ -752,3 +752,36 @@ def test_a_language_model_compiled_whole_for_generation_then_fine_tuned_with_lor
         torch.testing.assert_close(weight, strict_weights[name], rtol=1e-4, atol=5e-5)
     hot = {(g.key, g.status) for g in bus.recent("group") if not g.ops}
     assert {("LlamaForCausalLM-whole", "hit"), ("LlamaForCausalLM-training", "hit")} <= hot, sorted(hot)
+
+
+def test_the_engine_compiles_its_hot_path_with_the_compiler_it_is_given() -> None:
+    """The hot path holds no compiler of its own (compilers.py): an engine given another one
+    (here AOTAutograd with eager kernels, Dynamo's ``aot_eager``, recording what it compiles)
+    compiles its hot training call and optimizer step, and an inference call, with that one,
+    and trains as strict does."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    from tpunb.fuse.compilers import GraphCompiler
+
+    compiled: list[str] = []
+
+    def recording(kind: str):
+        def compile(graph: torch.fx.GraphModule, examples: list) -> Callable:
+            compiled.append(kind)
+            return lookup_backend("aot_eager")(graph, examples)
+
+        return compile
+
+    compiler = GraphCompiler("aot_eager", recording("inference"), recording("training"))
+    engine = FusionEngine(torch.device("cpu"), compiler=compiler)
+    make = CASES["dropout"][0]
+    fused = run(make, plain_step, engine)
+    assert_same_training(run(make, plain_step, None), fused)
+    assert compiled.count("training") >= 2, compiled  # the call's graph and the step's
+    model = fused[0].eval()
+    strict_logits = model(FIXED_X)
+    for _ in range(HOT_AFTER + 1):
+        with engine.scope(SYNC, adopt=(model,)), torch.no_grad():
+            logits = model(FIXED_X)
+    assert "inference" in compiled, compiled
+    torch.testing.assert_close(logits, strict_logits.detach())

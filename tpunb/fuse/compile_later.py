@@ -4,10 +4,10 @@
 seconds per graph here, so the first steps of a training loop would wait for compiles the
 user did not ask for. This backend hands Dynamo a function that runs the graph Dynamo
 captured, as it is (eager PyTorch ops under autograd: strict's numbers and random draws),
-and queues the graph on the compile worker, where Inductor compiles it with AOTAutograd
-(forward and backward) as ``torch.compile`` would, with ``fallback_random`` so dropout draws
-what eager draws. Once compiled, later calls run the compiled code; the swap is one
-reference, read once per call.
+and queues the graph on the compile worker, where the engine's compiler compiles it forward
+and backward (compilers.py: Inductor through AOTAutograd, as ``torch.compile`` would, with
+``fallback_random`` so dropout draws what eager draws). Once compiled, later calls run the
+compiled code; the swap is one reference, read once per call.
 
 The worker compiles in the tracing context Dynamo captured the graph in (its fake tensors,
 its guards), after Dynamo has returned: the worker takes Dynamo's compile lock, so the two
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from tpunb.fuse.cache import Compiled, GraphCache, Variant, VariantState
-from tpunb.fuse.disk_cache import rebuild_torn_binaries
+from tpunb.fuse.compilers import Compile
 from tpunb.fuse.graph import never_compiled
 from tpunb.fuse.workarounds import config_values, skip_dynamo_in
 
@@ -66,15 +66,17 @@ class GraphRuns:
 
 
 class CompileLater:
-    """A Dynamo backend whose graphs compile on ``cache``'s worker under ``name`` (the hot
-    call's group key); with ``wait()`` true (``sync_compile``) the call waits for them."""
+    """A Dynamo backend whose graphs ``compile`` compiles on ``cache``'s worker under ``name``
+    (the hot call's group key); with ``wait()`` true (``sync_compile``) the call waits for them."""
 
-    def __init__(self, cache: GraphCache, name: str, wait: Callable[[], bool], runs: GraphRuns) -> None:
-        self.cache, self.name, self.wait, self.runs = cache, name, wait, runs
+    def __init__(
+        self, cache: GraphCache, name: str, wait: Callable[[], bool], runs: GraphRuns, compile: Compile
+    ) -> None:
+        self.cache, self.name, self.wait, self.runs, self.compile = cache, name, wait, runs, compile
         self.made: list[CompiledLater] = []
 
     def __call__(self, graph: torch.fx.GraphModule, examples: list[Any]) -> Callable[..., Any]:
-        compiled = CompiledLater(self.cache, self.name, graph, examples, self.wait(), self.runs)
+        compiled = CompiledLater(self.cache, self.name, graph, examples, self.wait(), self.runs, self.compile)
         self.made.append(compiled)
         return compiled
 
@@ -118,6 +120,7 @@ class CompiledLater:
         examples: list[Any],
         wait: bool,
         runs: GraphRuns,
+        compile: Compile,
     ) -> None:
         self.graph: torch.fx.GraphModule | None = graph
         self.runs = runs
@@ -127,27 +130,16 @@ class CompiledLater:
             self.variant.done = Compiled(fn=None, error=reason)
             return
         context = torch._guards.TracingContext.try_get()
-        graph = copy_sharing_tensors(
-            graph
-        )  # Inductor rewrites the graph it compiles; this one runs meanwhile
+        graph = copy_sharing_tensors(graph)  # a compiler may rewrite its graph; this one runs meanwhile
         # grad mode is per thread: the worker's is on, and a graph captured without grad (an
         # optimizer's step) would compile as a training graph, with autograd's wrapper per call
         grad = torch.is_grad_enabled()
         fakes = fakes_made_here(graph, examples, context)
 
         def job() -> tuple[Callable[..., Any], str]:
-            from torch._inductor import config
-            from torch._inductor.compile_fx import compile_fx
-
-            rebuild_torn_binaries()
-            with (
-                torch._guards.tracing(context),
-                torch.set_grad_enabled(grad),
-                config.patch(fallback_random=True),
-                autograd_as_eager(),
-            ):
-                code = graph.code  # (before Inductor rewrites it)
-                compiled = compile_fx(graph, examples)
+            with torch._guards.tracing(context), torch.set_grad_enabled(grad), autograd_as_eager():
+                code = graph.code  # (before the compiler rewrites it)
+                compiled = compile(graph, examples)
             fakes.clear()
             return compiled, code
 

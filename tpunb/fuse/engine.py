@@ -45,6 +45,7 @@ from tpunb.fuse.adopt import Adoption
 from tpunb.fuse.aside import ModeStack, outside_modes
 from tpunb.fuse.cache import GraphCache, Variant
 from tpunb.fuse.compile_later import donated_buffers_off
+from tpunb.fuse.compilers import INDUCTOR, GraphCompiler
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.eager import EagerOps
 from tpunb.fuse.errors import check_not_failed
@@ -84,10 +85,11 @@ class FuseMode(TorchDispatchMode):
 
 
 class FusionEngine:
-    def __init__(self, device: torch.device, publish: Any = None) -> None:
+    def __init__(self, device: torch.device, publish: Any = None, compiler: GraphCompiler = INDUCTOR) -> None:
         self.device = torch.device(device)
         # where group records go; None: none is built (a benchmark timing the engine alone)
         self.publish = publish
+        self.compiler = compiler  # what compiles the hot calls' and steps' graphs (compilers.py)
         self.trace = Trace()
         self.meta = MetaCache()
         self.cache = GraphCache(self._compiled)

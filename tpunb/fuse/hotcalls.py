@@ -66,8 +66,8 @@ now plain parameters steps eagerly, then compiled whole (hotsteps.py). Its backw
 its forward did, on plain tensors outside recording (hot_backward.py).
 
 The first hot call compiles synchronously, as compile mode does (seconds; Dynamo compiles
-on the calling thread). A graph Inductor fails to compile runs as Dynamo captured it, op by
-op (``inductor_or_eager``), with a warning: slower, never wrong. (Dynamo's own
+on the calling thread). A graph the engine's compiler (compilers.py) fails to compile runs as
+Dynamo captured it, op by op (``compiled_or_captured``), with a warning: slower, never wrong. (Dynamo's own
 ``suppress_errors`` would do the same for its errors, but patching it around every call
 costs 250 us a call here.) An error of Dynamo itself turns the module's hot call off, with
 a warning, and is raised. Random ops compile with ``fallback_random``, so they draw what

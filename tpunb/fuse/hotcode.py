@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tpunb.fuse.compile_later import CompileLater, CountedGraph, GraphRuns
-from tpunb.fuse.graph import inductor_compile, never_compiled
+from tpunb.fuse.compilers import Compile
+from tpunb.fuse.graph import never_compiled
 from tpunb.fuse.plan import Regime
 
 if TYPE_CHECKING:
@@ -88,14 +89,21 @@ class HotCodes:
 
     def _make(self, now: Regime, name: str) -> HotCode:
         runs = GraphRuns()
-        if now is Regime.INFERENCE:
-
-            def inductor_counted(graph: torch.fx.GraphModule, examples: list[Any]) -> Callable[..., Any]:
-                return CountedGraph(inductor_or_eager(graph, examples), runs)
-
-            return HotCode(torch.compile(calling(module_call), backend=inductor_counted), runs, None)
         engine = self.engine
-        later = CompileLater(engine.cache, f"{name}-training", lambda: engine.options.sync_compile, runs)
+        if now is Regime.INFERENCE:
+            compile_graph = engine.compiler.compile_graph
+
+            def counted(graph: torch.fx.GraphModule, examples: list[Any]) -> Callable[..., Any]:
+                return CountedGraph(compiled_or_captured(compile_graph, graph, examples), runs)
+
+            return HotCode(torch.compile(calling(module_call), backend=counted), runs, None)
+        later = CompileLater(
+            engine.cache,
+            f"{name}-training",
+            lambda: engine.options.sync_compile,
+            runs,
+            engine.compiler.compile_training,
+        )
         # static shapes: the worker compiles after Dynamo has installed its guards, so the
         # compile must not add shape guards of its own
         return HotCode(torch.compile(calling(module_call), backend=later, dynamic=False), runs, later)
@@ -127,13 +135,15 @@ def calling(function: Callable[..., Any]) -> Callable[..., Any]:
 _CALL_NUMBERS = itertools.count(1)
 
 
-def inductor_or_eager(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """A Dynamo backend: Inductor (random ops as eager draws them), or, if Inductor fails on
-    this graph or must not compile it (graph.never_compiled), the graph as captured."""
+def compiled_or_captured(
+    compile: Compile, graph: torch.fx.GraphModule, example_inputs: list[Any]
+) -> Callable[..., Any]:
+    """``graph`` compiled by ``compile``, or, if the compiler fails on it or must not compile it
+    (graph.never_compiled), the graph as captured."""
     if never_compiled(graph) is not None:
         return graph.forward
     try:
-        return inductor_compile(graph, example_inputs)
+        return compile(graph, example_inputs)
     except Exception as error:  # any compiler failure: this graph runs op by op
         warnings.warn(
             f"tpunb fused: compiling a hot call failed ({type(error).__name__}: {error}); it runs op by op",

@@ -112,7 +112,13 @@ class HotStep:
         self.key = self.name + OPTIMIZER_STEP_SUFFIX  # its group rows'
         self.trigger = f"{self.name}.step(), compiled whole (a hot optimizer step)"
         self.runs = GraphRuns()
-        self.later = CompileLater(engine.cache, self.key, lambda: engine.options.sync_compile, self.runs)
+        self.later = CompileLater(
+            engine.cache,
+            self.key,
+            lambda: engine.options.sync_compile,
+            self.runs,
+            engine.compiler.compile_training,
+        )
         # The compiled function must not hold the optimizer (Dynamo keeps it for the process):
         # a bound step is compiled as its function, the optimizer passed in; a scheduler's
         # wrapper holds it weakly. Once the optimizer is gone, so are its step's graphs,

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tpunb.fuse.adopt import Adoption
     from tpunb.fuse.aside import ModeStack
     from tpunb.fuse.cache import GraphCache
+    from tpunb.fuse.compilers import GraphCompiler
     from tpunb.fuse.deferred import DeferredTensor
     from tpunb.fuse.growing import GrowingInputs
     from tpunb.fuse.hotcalls import HotCalls
@@ -64,6 +65,7 @@ class HotPathEngine(WrapperEngine, Protocol):
     hot: HotCalls
     hot_steps: HotSteps
     cache: GraphCache
+    compiler: GraphCompiler
     publish: Any
     overhead_s: float
 
