@@ -27,6 +27,8 @@ COLLABORATORS = {
     "hotcalls.py": ports.HotPathEngine,
     "hotsteps.py": ports.HotPathEngine,
     "hot_backward.py": ports.HotPathEngine,
+    "hotcode.py": ports.HotPathEngine,
+    "whole_runs.py": ports.HotPathEngine,
 }
 
 

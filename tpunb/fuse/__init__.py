@@ -7,10 +7,11 @@ publish); ``cache`` keys groups and holds their variants; ``worker`` compiles th
 background; ``graph`` replays them and builds their FX graphs. ``engine`` only wires the
 stages and routes each op; ``options`` is what a scope asked for. ``hotcalls`` and
 ``hotsteps`` take a module called again and again, and its optimizer's step, out of
-recording: Dynamo compiles them whole. ``deferred`` is the tensor type; ``wrapper_meta``,
-``rng``, ``adopt``, ``errors`` and ``interrupts`` keep metadata, random streams, adopted
-tensors, failures and Ctrl-C right; ``workarounds`` holds the patches for torch's
-process-wide state.
+recording: Dynamo captures them whole (``whole_runs``: the lifecycle the two share) and the
+engine's compiler (``compilers``: Inductor here) compiles them. ``deferred`` is the tensor
+type; ``wrapper_meta``, ``rng``, ``adopt``, ``errors`` and ``interrupts`` keep metadata, random
+streams, adopted tensors, failures and Ctrl-C right; ``workarounds`` holds the patches for
+torch's process-wide state.
 """
 
 from tpunb.fuse.deferred import DeferredTensor

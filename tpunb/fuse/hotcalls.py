@@ -87,9 +87,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from tpunb.events import FusionGroup, GroupStatus
 from tpunb.fuse.adopt import release_tensor, tensors_of
 from tpunb.fuse.aside import outside_modes
 from tpunb.fuse.deferred import DeferredTensor
@@ -97,7 +95,6 @@ from tpunb.fuse.hot_backward import backward_as_forward, next_node_number
 from tpunb.fuse.hotcode import HotCode, HotCodes, architecture
 from tpunb.fuse.payoff import Payoff
 from tpunb.fuse.plan import (
-    COMPILE_COST_S,
     TRAINING_STEP_PER_FORWARD,
     CallAction,
     CallFacts,
@@ -107,8 +104,8 @@ from tpunb.fuse.plan import (
     runs_whole,
 )
 from tpunb.fuse.settled import mark
-from tpunb.fuse.worker import COMPILER_BUSY, compiling_only_if_free
-from tpunb.source import locate
+from tpunb.fuse.whole_runs import count_eager_run, in_fused_scope, publish_compiled_run
+from tpunb.fuse.worker import compiling_only_if_free
 
 if TYPE_CHECKING:
     from tpunb.fuse.ports import HotPathEngine
@@ -473,6 +470,7 @@ class HotCall:
         #: per regime, ``HotCodes.count`` when its architecture last had no code there
         self._none_at: dict[Regime, int] = {}
         self._flush_reason = f"{self.name} call (compiled whole)"  # (made once: every call flushes)
+        self._what = f"{self.name} call"  # its rows' words for it (made once: every call counts)
         # its group rows' keys and triggers, by regime (made once: every call names them)
         self._keys = {Regime.TRAINING: f"{self.name}-training", Regime.INFERENCE: f"{self.name}-whole"}
         self._triggers = {
@@ -533,11 +531,8 @@ class HotCall:
         started = time.perf_counter()
         with engine.hot.hooks.lifted(), outside_modes():
             out = module._call_impl(*args, **kwargs)
-        spent = time.perf_counter() - started
         weight = TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0
-        if self.payoff[now].ran_eagerly(spent, weight):  # one row says why nothing compiles yet
-            publish_eager(engine, self.key(now), f"{self.name} call", started, UNTIL_PAID_FOR)
-        engine.overhead_s += time.perf_counter() - entered - spent
+        count_eager_run(engine, self.payoff[now], self.key(now), self._what, entered, started, weight)
         return mark(out)
 
     def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: Regime) -> Any:
@@ -568,24 +563,22 @@ class HotCall:
             self.called.add(now)
             code.ran_compiled = code.ran_compiled or not uncompiled
         training = now is Regime.TRAINING
-        compiling = code.compiling
-        publish_whole_call(
+        if publish_compiled_run(
             engine,
+            self.payoff[now],
             key=self.key(now),
+            what=self._what,
             trigger=self._triggers[now],
             started=started,
+            run_s=call_s,
             compiled=compiled,
             uncompiled=uncompiled,
-            compiling=compiling,
+            compiling=code.compiling,
             may_compile=may_compile,
             compiled_call=code.compiled,
             compile_in_call=not training,
-            eager_ms=self.payoff[now].eager_ms,
-        )
-        payoff = self.payoff[now]
-        if not (compiled or uncompiled or compiling) and payoff.ran_compiled(call_s):
+        ):
             code.slower = True  # a model built again runs eagerly first too (and times it again)
-            publish_eager(engine, self.key(now), f"{self.name} call", started, payoff.slower_reason())
         if training:
             backward_as_forward(engine, out, made)
         return mark(out)  # and if it is recorded again, it works on these: settled.py
@@ -655,135 +648,6 @@ class HotCall:
             RuntimeWarning,
             stacklevel=5,  # the user's call of the module
         )
-
-
-def in_fused_scope(engine: HotPathEngine) -> bool:
-    """Whether ops issued now belong to ``engine``'s fused scope: its mode on top of the
-    stack, or stepped aside between hot calls (aside.py)."""
-    # (stepped aside first: between a loop's hot calls it is, and it is the cheaper question)
-    return engine.modes.stepped_aside or getattr(_get_current_dispatch_mode(), "engine", None) is engine
-
-
-def why_run(compiled: int, uncompiled: bool, may_compile: bool, code: Any) -> str | None:
-    """A call compiled whole, in words, for its group row: None for a hit and a first compile,
-    else why it compiled again or ran as it is (``compiling_only_if_free``: the worker held
-    the compiler)."""
-    if not (compiled or uncompiled):
-        return None
-    return why_compiled(compiled, code) if may_compile else COMPILER_BUSY
-
-
-def why_compiled(compiled: int, code: Any) -> str | None:
-    """What made Dynamo compile ``compiled`` graphs for a call of ``code`` (a hot call's
-    frame), or run it uncompiled: a failed guard on that code, in words (a shape that changed,
-    a flag); None for its first compile (the monitor's "last recompile" reads these).
-    Dynamo records one failure per version it checked: of the last call's, a changed shape
-    explains it best (the version it failed may differ in something else too, such as the
-    mode stack of the cell that compiled it)."""
-    from torch._dynamo import config
-    from torch._dynamo.utils import guard_failures
-
-    from tpunb.cellcompile import explain_guard
-
-    failed = [explain_guard(f) for f in guard_failures.get(getattr(code, "__code__", None), [])]
-    recent = failed[-config.recompile_limit :]
-    reason = next((r for r in reversed(recent) if ".shape[" in r), recent[-1] if recent else None)
-    if compiled:  # (no guard failed: its first compile, which is no miss: its status says so)
-        return f"Dynamo compiled {compiled} graph(s): {reason}" if reason else None
-    return (
-        f"run uncompiled: Dynamo's limit of {config.recompile_limit} compiled versions was reached "
-        f"and this call fits none of them" + (f" ({reason})" if reason else "")
-    )
-
-
-def publish_whole_call(
-    engine: HotPathEngine,
-    *,
-    key: str,
-    trigger: str,
-    started: float,
-    compiled: int,
-    uncompiled: bool,
-    compiling: bool,
-    may_compile: bool,
-    compiled_call: Any,
-    compile_in_call: bool = False,
-    plan: str | None = None,
-    eager_ms: float | None = None,
-) -> None:
-    """Count a call compiled whole (a hot module call, a hot optimizer step) in the cache's
-    counters and publish its group record, at the user's line that made it: a miss when
-    Dynamo compiled a graph during it, ``eager`` when Dynamo ran it uncompiled, ``compiling``
-    while its graph runs as captured, a hit otherwise. A call that ran as it is because the
-    worker held the compiler (``may_compile`` false) asked nothing of the cache: its row says
-    so, the counters leave it out. ``compile_in_call``: the compile ran inside the call
-    (Inductor at once, not on the worker), so its time is the call's. ``plan``: what it does
-    from now on, where the caller decided (``UNTIL_PAID_FOR``, proved slower compiled); else
-    its row says why Dynamo compiled or ran it as it is. ``eager_ms``: what it
-    costs run eagerly, as strict mode runs it (its payoff's eager runs), where known."""
-    run_ms = (time.perf_counter() - started) * 1000
-    if may_compile or not uncompiled:
-        engine.cache.count_whole_call(compiled, run_ms if compiled else 0.0, uncompiled, compiling)
-    publish = engine.publish
-    if publish is None:
-        return
-    where = locate()
-    missed = None
-    if plan is None:
-        said = why_run(compiled, uncompiled, may_compile, getattr(compiled_call, "__wrapped__", None))
-        # waiting for the compiler is a plan, not a miss's reason: the monitor's "last
-        # recompile" and the profile's findings read misses
-        plan, missed = (said, None) if said == COMPILER_BUSY else (None, said)
-    if compiled:
-        status = GroupStatus.MISS
-    elif uncompiled:
-        status = GroupStatus.EAGER
-    else:
-        status = GroupStatus.COMPILING if compiling else GroupStatus.HIT
-    publish(
-        FusionGroup(
-            key=key,
-            ops=0,
-            top_ops={},
-            input_shapes=[],
-            trigger=trigger,
-            source=str(where) if where else key,
-            status=status,
-            compile_ms=run_ms if compiled and compile_in_call else None,
-            run_ms=run_ms,
-            lifted=0,
-            miss_reason=missed,
-            plan=plan,
-            whole_call=True,
-            at=where.label if where else None,
-            eager_ms=eager_ms,
-        )
-    )
-
-
-#: A hot call's or step's row while it runs eagerly: plan.compile_pays_off.
-UNTIL_PAID_FOR = (
-    "run as strict mode runs it until its runs have cost what a compile would (about "
-    f"{COMPILE_COST_S:g} s; --sync-compile compiles at once)"
-)
-
-
-def publish_eager(engine: HotPathEngine, key: str, what: str, started: float, plan: str) -> None:
-    """The group row of a hot call or step (``what``: "Net call", "AdamW.step()") that runs
-    eagerly from now on, by ``plan`` (``UNTIL_PAID_FOR``, or its compiled runs proved
-    slower), so that the monitor shows why; the cache's counters leave it out."""
-    publish_whole_call(
-        engine,
-        key=key,
-        trigger=f"{what}, run as strict mode runs it",
-        started=started,
-        compiled=0,
-        uncompiled=True,
-        compiling=False,
-        may_compile=False,
-        compiled_call=None,
-        plan=plan,
-    )
 
 
 #: What a hot call's argument may be to be handed to the call as it is.

@@ -46,10 +46,10 @@ from tpunb.events import OPTIMIZER_STEP_SUFFIX
 from tpunb.fuse.aside import outside_modes
 from tpunb.fuse.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.hotcalls import UNTIL_PAID_FOR, in_fused_scope, publish_eager, publish_whole_call
 from tpunb.fuse.hotcode import calling
 from tpunb.fuse.payoff import Payoff
 from tpunb.fuse.plan import StepAction, StepFacts, plan_step
+from tpunb.fuse.whole_runs import count_eager_run, in_fused_scope, publish_compiled_run
 from tpunb.fuse.workarounds import config_values
 from tpunb.fuse.worker import compiling_only_if_free
 
@@ -111,6 +111,7 @@ class HotStep:
         self.name = type(optimizer).__name__
         self.key = self.name + OPTIMIZER_STEP_SUFFIX  # its group rows'
         self.trigger = f"{self.name}.step(), compiled whole (a hot optimizer step)"
+        self.what = f"{self.name}.step()"  # its rows' words for it
         self.runs = GraphRuns()
         self.later = CompileLater(
             engine.cache,
@@ -173,10 +174,7 @@ class HotStep:
             # (its pre-hook's time is counted by the hook: adopt.py)
             started = time.perf_counter()
             out = self.previous(*args, **kwargs)
-            spent = time.perf_counter() - started
-            if self.payoff.ran_eagerly(spent):  # one row says why
-                publish_eager(engine, self.key, f"{self.name}.step()", started, UNTIL_PAID_FOR)
-            engine.overhead_s += time.perf_counter() - entered - spent
+            count_eager_run(engine, self.payoff, self.key, self.what, entered, started)
             return out
         if not self._made_plain(optimizer):
             return self.previous(*args, **kwargs)
@@ -223,21 +221,20 @@ class HotStep:
         uncompiled = self.runs.count == runs
         if uncompiled and may_compile:  # Dynamo's limit of versions of the step's code is spent
             engine.hot_steps.refuse(optimizer, self)
-        publish_whole_call(
+        publish_compiled_run(
             engine,
+            self.payoff,
             key=self.key,
+            what=self.what,
             trigger=self.trigger,
             started=started,
+            run_s=step_s,
             compiled=compiled,
             uncompiled=uncompiled,
             compiling=self.later.compiling,
             may_compile=may_compile,
             compiled_call=self.compiled,
-            eager_ms=self.payoff.eager_ms,
         )
-        hit = not (compiled or uncompiled or self.later.compiling)
-        if hit and self.payoff.ran_compiled(step_s):
-            publish_eager(engine, self.key, f"{self.name}.step()", started, self.payoff.slower_reason())
         if not engine.trace.ops:
             engine.modes.step_aside(engine)
         return out
