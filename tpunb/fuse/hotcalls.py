@@ -566,11 +566,11 @@ class HotCall:
         if publish_compiled_run(
             engine,
             self.payoff[now],
+            self._what,
+            call_s,
             key=self.key(now),
-            what=self._what,
             trigger=self._triggers[now],
             started=started,
-            run_s=call_s,
             compiled=compiled,
             uncompiled=uncompiled,
             compiling=code.compiling,

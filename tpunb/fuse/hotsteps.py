@@ -224,11 +224,11 @@ class HotStep:
         publish_compiled_run(
             engine,
             self.payoff,
+            self.what,
+            step_s,
             key=self.key,
-            what=self.what,
             trigger=self.trigger,
             started=started,
-            run_s=step_s,
             compiled=compiled,
             uncompiled=uncompiled,
             compiling=self.later.compiling,

@@ -178,39 +178,13 @@ def count_eager_run(
     engine.overhead_s += time.perf_counter() - entered - spent
 
 
-def publish_compiled_run(
-    engine: HotPathEngine,
-    payoff: Payoff,
-    *,
-    key: str,
-    what: str,
-    trigger: str,
-    started: float,
-    run_s: float,
-    compiled: int,
-    uncompiled: bool,
-    compiling: bool,
-    may_compile: bool,
-    compiled_call: Any,
-    compile_in_call: bool = False,
-) -> bool:
-    """A run of a hot call or step through Dynamo, published (``publish_whole_call``); a hit's
+def publish_compiled_run(engine: HotPathEngine, payoff: Payoff, what: str, run_s: float, **row: Any) -> bool:
+    """A run of a hot call or step (``what``) through Dynamo, published with ``row``
+    (``publish_whole_call``'s keywords: its key, trigger, start and what Dynamo did); a hit's
     ``run_s`` is timed against the eager runs. Returns True once, when its first hits prove
     slower than its eager runs: it runs eagerly from now on, and a row says so."""
-    publish_whole_call(
-        engine,
-        key=key,
-        trigger=trigger,
-        started=started,
-        compiled=compiled,
-        uncompiled=uncompiled,
-        compiling=compiling,
-        may_compile=may_compile,
-        compiled_call=compiled_call,
-        compile_in_call=compile_in_call,
-        eager_ms=payoff.eager_ms,
-    )
-    if compiled or uncompiled or compiling or not payoff.ran_compiled(run_s):
+    publish_whole_call(engine, eager_ms=payoff.eager_ms, **row)
+    if row["compiled"] or row["uncompiled"] or row["compiling"] or not payoff.ran_compiled(run_s):
         return False
-    publish_eager(engine, key, what, started, payoff.slower_reason())
+    publish_eager(engine, row["key"], what, row["started"], payoff.slower_reason())
     return True
