@@ -20,11 +20,13 @@ autograd runs the compiled backward as it does for ``model.compile()``; and opti
 gradient clipping run outside Dynamo, under the cell's DEFER_AND_FUSE, which fuses each into one
 program (``compile_cell_scope``). Clipping joined them after HF's ``Trainer.train()`` trained
 wrongly in a compile cell on a v5e while the same model's own compiled loop, which does not clip,
-trained as strict: with TorchTPU compiling ``clip_grad_norm_`` (an in-place ``_foreach_mul_`` on
-every gradient) the clipped gradient of a weight at step 1 was 0.068 against strict's 0.132, the
-logged losses fell faster than strict's and the model left after 6 steps was worse (5.57 against
-4.47); the same cell with every graph compiled by ``aot_eager`` on the CPU gave strict's losses.
-What ran uncompiled is counted for the cell's summary (the steps; a clip is part of one).
+trained as strict: with TorchTPU compiling ``clip_grad_norm_`` (``_foreach_norm``, then an
+in-place ``_foreach_mul_`` on every gradient) the clipped gradient of a weight at step 1 was
+0.068 against strict's 0.132 while the loss was strict's, and the model left after 6 steps was
+worse (5.57 against 4.47); the same cell with every graph compiled by ``aot_eager`` on the CPU
+gave strict's losses. (The Trainer's step differs from that loop in one more way: HF hands its
+attention an explicit causal mask. tests/tpu checks both.) What ran uncompiled is counted for
+the cell's summary (the steps; a clip is part of one).
 Dynamo remembers a frame it ran uncompiled: torch.optim's frames that ran in a compile cell
 stay uncompiled when later code compiles (on TorchTPU, where compiled steps trained wrongly,
 the safe side).
