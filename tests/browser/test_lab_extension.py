@@ -282,7 +282,14 @@ def test_the_picker_keeps_its_place_and_width_and_the_panel_fits(lab, page):
     assert note == "debug from the next cell (this one keeps running in strict)", note
     assert toolbar_box(page) == before
     page.screenshot(path=str(ARTIFACTS / "lab-extension-pending-pick.png"))
-    # the side panel at its default width: header whole, the group table within the panel
+    # the side panel at its default width: header whole, the group table within the panel, once
+    # it shows the fused cell's groups (a CI run once caught it showing a reading from before them,
+    # "fusion groups · 0", for a moment: the layout is what is checked here)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#tpunb-monitor .tpunb-group-table tbody tr:first-child td')]"
+        ".some(td => td.offsetParent !== null)",
+        timeout=30_000,
+    )
     panel = page.evaluate(
         """() => {
             const panel = document.querySelector('#tpunb-monitor');
