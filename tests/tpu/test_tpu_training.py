@@ -98,8 +98,7 @@ def test_a_compile_cell_says_what_it_ran_uncompiled(cells) -> None:
 
 def test_a_compile_cell_updates_tensors_in_place_once(cells) -> None:
     """A compiled graph that updates its inputs in place, as ``clip_grad_norm_`` scales every
-    gradient with ``_foreach_mul_``, applies each update once (HF's Trainer with its clip
-    compiled by TorchTPU trained wrongly on a v5e, its clipped gradient half of strict's)."""
+    gradient with ``_foreach_mul_``, applies each update once."""
     cells.ok("values = [torch.full((8,), 2.0).to(DEVICE) for _ in range(3)]\nsingle = values[0].clone()")
     ran = cells.run(
         "%%tpu_mode compile\n"

@@ -97,9 +97,9 @@ def test_a_graph_on_the_device_reaches_the_compiler_and_a_function_it_refuses_ru
 
 def test_a_compile_cell_keeps_backward_clipping_and_the_optimizer_out_of_the_graph():
     """TorchTPU turns trace_autograd_ops on; a backward traced into the graph trained wrongly on
-    the chip, and so did HF's Trainer with its gradient clipping compiled, so a compile cell there
-    breaks at backward() and runs the clip and the optimizer's step (and zero_grad, and a
-    scheduler) outside Dynamo. The losses are eager's."""
+    the chip, so a compile cell there breaks at backward() and runs the weight update, the clip
+    and the optimizer's step (and zero_grad, and a scheduler), outside Dynamo, where the cell's
+    DEFER_AND_FUSE fuses them. The losses are eager's."""
 
     def train(compiled: bool) -> list[float]:
         torch.manual_seed(0)
@@ -141,3 +141,40 @@ def test_a_compile_cell_keeps_backward_clipping_and_the_optimizer_out_of_the_gra
     assert BACKWARD_BREAK in breaks and "clip_grad_norm_ (runs outside the graph)" in breaks, breaks
     traced = [op for graph in inner.graphs for op in graph]
     assert traced and not any("foreach" in op or "addcdiv" in op for op in traced), traced
+
+
+def test_a_compile_cell_makes_hugging_faces_attention_mask_outside_the_graph():
+    """A Llama forward without its cache (as HF's Trainer runs it) compiled whole by TorchTPU
+    gave logits off by 1.6x their largest on a v5e, the mask built inside the graph; made op by
+    op and handed in, it gave strict's. In a compile cell the mask's construction (its ``le`` on
+    position ranges) is a graph break and the attention's graph takes the mask as an input."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        num_hidden_layers=1,
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=32,
+    )
+    model = LlamaForCausalLM(config)
+    ids = torch.randint(0, 64, (2, 8))
+    inner = Recording()
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            expected = model(input_ids=ids, use_cache=False).logits
+            before = _breaks()
+            with compile_cell_scope(OptimizerSteps()):
+                got = torch.compile(model, backend=inner)(input_ids=ids, use_cache=False).logits
+            breaks = _new_breaks(before, _breaks())
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(got, expected)
+    assert "create_causal_mask (runs outside the graph)" in breaks, breaks
+    traced = [op for graph in inner.graphs for op in graph]
+    assert "<built-in function scaled_dot_product_attention>" in traced
+    assert "<built-in function le>" not in traced, traced

@@ -16,17 +16,17 @@ Measured on a TPU v5e (torch_tpu 0.2.0), a training cell handed whole to
 So a compile cell on TorchTPU compiles the graphs Dynamo finds in it, except: a function whose
 graph has any tensor off the TPU, or that TorchTPU refuses, runs as written, and the functions
 it calls get their own chance (``DeviceGuardedBackend``); ``backward()`` is a graph break, so
-autograd runs the compiled backward as it does for ``model.compile()``; and optimizer steps and
-gradient clipping run outside Dynamo, under the cell's DEFER_AND_FUSE, which fuses each into one
-program (``compile_cell_scope``). Clipping joined them after HF's ``Trainer.train()`` trained
-wrongly in a compile cell on a v5e while the same model's own compiled loop, which does not clip,
-trained as strict: with TorchTPU compiling ``clip_grad_norm_`` (``_foreach_norm``, then an
-in-place ``_foreach_mul_`` on every gradient) the clipped gradient of a weight at step 1 was
-0.068 against strict's 0.132 while the loss was strict's, and the model left after 6 steps was
-worse (5.57 against 4.47); the same cell with every graph compiled by ``aot_eager`` on the CPU
-gave strict's losses. (The Trainer's step differs from that loop in one more way: HF hands its
-attention an explicit causal mask. tests/tpu checks both.) What ran uncompiled is counted for
-the cell's summary (the steps; a clip is part of one).
+autograd runs the compiled backward as it does for ``model.compile()``; optimizer steps and
+gradient clipping run outside Dynamo, under the cell's DEFER_AND_FUSE, which fuses each step
+with its clip into one program; and Hugging Face's attention masks are made op by op and handed
+to the compiled attention as inputs (``compile_cell_scope``). The masks are there because
+HF's ``Trainer.train()`` trained wrongly in a compile cell on a v5e (its first loss strict's,
+its clipped gradient at step 1 half of strict's, the model left after 6 steps worse) while the
+same model's own compiled loop trained as strict: the Trainer turns the model's cache off, and
+a Llama forward without its cache compiled whole gave logits off by 1.6x their largest, with
+the mask built inside the graph (see ``attention_mask_files``). With the mask made outside, the
+Trainer's compile cell gave strict's losses there (within 8.3e-04). What ran uncompiled is
+counted for the cell's summary (the steps; a clip is part of one).
 Dynamo remembers a frame it ran uncompiled: torch.optim's frames that ran in a compile cell
 stay uncompiled when later code compiles (on TorchTPU, where compiled steps trained wrongly,
 the safe side).
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -116,6 +117,20 @@ def weight_update_files() -> set[str]:
     return {*optim, torch.nn.utils.clip_grad.__file__}
 
 
+def attention_mask_files() -> set[str]:
+    """The source file of Hugging Face's attention masks (``transformers/masking_utils.py``),
+    found without importing transformers. A Llama forward with ``use_cache=False`` (as HF's
+    Trainer runs it) compiled whole by ``torch.compile(backend="tpu")`` gave logits off by 1.6x
+    their largest on a v5e (torch_tpu 0.2.0, transformers 5.20), with SDPA and with eager
+    attention alike, while the mask compiled alone was right and the forward with the mask made
+    outside the graph gave strict's logits (7.9e-07): so the mask is built op by op and handed
+    to the compiled attention as an input."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or spec.origin is None:
+        return set()
+    return {os.path.join(os.path.dirname(spec.origin), "masking_utils.py")}
+
+
 class OptimizerSteps:
     """Counts the optimizer steps taken while it listens, by optimizer class."""
 
@@ -139,13 +154,14 @@ class OptimizerSteps:
 @contextlib.contextmanager
 def compile_cell_scope(steps: OptimizerSteps) -> Iterator[None]:
     """While a compile cell runs (on the notebook thread): ``backward()`` is a graph break, and
-    Dynamo leaves torch.optim's code and gradient clipping alone, so each optimizer step (counted
-    in ``steps``) and each clip runs as the cell's eager mode runs it. Dynamo's settings are
+    Dynamo leaves torch.optim's code, gradient clipping and HF's attention masks alone, so each
+    optimizer step (counted in ``steps``), each clip and each mask runs as the cell's eager mode
+    runs it. Dynamo's settings are
     restored afterwards, even on error."""
     import torch._dynamo
     from torch._dynamo import trace_rules
 
-    added = weight_update_files() - trace_rules.FORCE_SKIP_FILES
+    added = (weight_update_files() | attention_mask_files()) - trace_rules.FORCE_SKIP_FILES
     trace_rules.FORCE_SKIP_FILES.update(added)
     try:
         with torch._dynamo.config.patch(trace_autograd_ops=False), steps.listening():
