@@ -83,7 +83,8 @@ class TpuMagics(Magics):
         default=None,
         help="fused mode: compile a module trained again and again whole, forward and backward, "
         "and run the loop around it as eager PyTorch (the default on torch 2.13 and later); "
-        "--no-hot-training records every training call instead.",
+        "--no-hot-training records every training call instead (on TorchTPU: leaves it to "
+        "DEFER_AND_FUSE).",
     )
     @line_cell_magic
     def tpu_mode(self, line: str, cell: str | None = None) -> Any:

@@ -89,6 +89,27 @@ def test_each_mode_trains_as_strict_does(cells, workload: Workload, precision: s
     assert worst <= TOLERANCE[precision], f"{mode}: {got}\nstrict: {expected}"
 
 
+def test_a_model_trained_in_fused_cells_runs_compiled_whole_as_strict_trains(cells) -> None:
+    """A model stepped twice in a fused cell is compiled whole by TorchTPU on tpunb's worker
+    (fuse/trained_modules.py); a second cell runs the compiled code, with strict's losses."""
+    expected = strict_losses(cells, GPT2_ADAMW, "fp32")
+    cells.ok(GPT2_ADAMW.build)
+    first = train(cells, GPT2_ADAMW, "fp32", "fused")
+    runtime = "tpunb.session.get_session().runtime"
+    cells.ok(f"{runtime}.wait_for_background_compiles()")
+    hot = f"{runtime}._trained_modules.hot"
+    assert cells.value(f"[type(m).__name__ for m in {hot}]") == ["GPT2LMHeadModel"]
+    runs = cells.value(f"{hot}[model].runs.count")
+    ready = cells.value(
+        f"[m.variant.done is not None and m.variant.done.fn is not None for m in {hot}[model].made]"
+    )
+    cells.ok("%%tpu_mode fused\n" + GPT2_ADAMW.train.replace("losses", "more"))
+    assert cells.value(f"{hot}[model].runs.count") > runs
+    assert ready and all(ready), ready
+    worst = max(abs(a - b) / abs(b) for a, b in zip(first, expected, strict=True))
+    assert worst <= TOLERANCE["fp32"], f"fused: {first}\nstrict: {expected}"
+
+
 def test_a_compile_cell_says_what_it_ran_uncompiled(cells) -> None:
     cells.ok(GPT2_ADAMW.build)
     ran = cells.run(f"%%tpu_mode compile\n{GPT2_ADAMW.train}")

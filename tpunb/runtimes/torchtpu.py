@@ -6,7 +6,8 @@ debug is ``DEFER_NEVER_AND_LAUNCH_BLOCKING`` (which also turns on TorchTPU's own
 checks; tpunb adds its NaN/Inf origin checks), fused is ``DEFER_AND_FUSE``. A cell runs
 under ``torch.tpu.set_eager_mode`` (a per-thread stack that restores on error), and the
 default follows ``%tpu_mode`` through the global ``torch.tpu.eager_mode`` so threads a cell
-starts see it too; in a fused cell each optimizer step ends the deferred graph. Compile mode
+starts see it too; in a fused cell each optimizer step ends the deferred graph, and a module
+trained again and again runs compiled whole (torchtpu_fused.py). Compile mode
 is ``torch.compile`` with TorchTPU's ``"tpu"`` compiler, handed only what it compiles
 correctly (torchtpu_compile.py), fused around it.
 
@@ -20,6 +21,7 @@ import contextlib
 import linecache
 import logging
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -27,12 +29,15 @@ from typing import Any
 from tpunb import compiler_noise
 from tpunb.debug import DebugChecks
 from tpunb.events import FusionGroup, GroupStatus, Record
+from tpunb.fuse.cache import GraphCache
 from tpunb.fuse.disk_cache import user_cache_root
+from tpunb.fuse.trained_modules import TrainedModules, global_hooks_warning
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import UNCOMPILED, CacheDirError, CacheStats, MemoryInfo
 from tpunb.runtimes.moved_parameters import keep_parameters_when_moved
 from tpunb.runtimes.torchtpu_batchnorm import RunningStatistics
 from tpunb.runtimes.torchtpu_compile import DeviceGuardedBackend, OptimizerSteps, compile_cell_scope
+from tpunb.runtimes.torchtpu_fused import hot_call_settings, tpu_training_compiler, without_batchnorm
 from tpunb.runtimes.torchtpu_recovery import TpuRecovery
 
 #: tpunb mode -> TorchTPU eager mode; compile cells run fused around their compiled graphs
@@ -126,6 +131,7 @@ class TorchTpuRuntime:
         compiler_noise.hold_runtime_warnings(grad_read_is_torchtpus)
         self._compiler: DeviceGuardedBackend | None = None  # made at the first compile
         self._optimizer_steps = OptimizerSteps()
+        self._trained_modules: TrainedModules | None = None  # made at the first fused cell on a chip
         self._recovery = TpuRecovery(torch)
         self._keep_compiles_by_default()
         if self.present:  # TorchTPU 0.2.0 leaves BatchNorm's running statistics out (torchtpu_batchnorm.py)
@@ -160,6 +166,8 @@ class TorchTpuRuntime:
                 stack.enter_context(compile_cell_scope(self._optimizer_steps))
             if config.mode is Mode.FUSED and self.present:
                 stack.enter_context(optimizer_steps_end_the_deferred_graph(self._torch))
+                if config.hot_training:
+                    stack.enter_context(self._trained().scope())
             try:
                 yield
             except BaseException:
@@ -183,6 +191,16 @@ class TorchTpuRuntime:
             deferring = self._tpu.set_eager_mode(self._eager_mode(Mode.FUSED))
         with deferring:
             yield
+
+    def _trained(self) -> TrainedModules:
+        """The modules fused cells train, compiled by TorchTPU on a worker thread of tpunb's."""
+        if self._trained_modules is None:
+            compiler_noise.hold_runtime_warnings(global_hooks_warning)
+            compiles = GraphCache(on_compiled=lambda name, variant: None)
+            self._trained_modules = TrainedModules(
+                compiles, tpu_training_compiler(), hot_call_settings, without_batchnorm
+            )
+        return self._trained_modules
 
     def begin_cell(self) -> None:
         pass  # TorchTPU's DEFER_AND_FUSE keeps its own cache of groups, not per cell
@@ -267,7 +285,11 @@ class TorchTpuRuntime:
         }
 
     def wait_for_background_compiles(self) -> float:
-        return 0.0  # the runtime's compiler runs on the calling thread
+        """Waits for the trained modules' compiles (the rest compiles on the calling thread)."""
+        started = time.perf_counter()
+        if self._trained_modules is not None:
+            self._trained_modules.cache.wait_idle()
+        return time.perf_counter() - started
 
     def counters(self) -> dict[str, float]:
         uncompiled = {**self._optimizer_steps.counts, **(self._compiler.counts if self._compiler else {})}

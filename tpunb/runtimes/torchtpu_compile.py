@@ -35,6 +35,7 @@ the safe side).
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import importlib.util
 import os
@@ -107,17 +108,19 @@ class DeviceGuardedBackend:
         self.last_reason = reason
 
 
-def weight_update_files() -> set[str]:
+@functools.cache
+def weight_update_files() -> frozenset[str]:
     """The source files, as Dynamo names code, of what updates weights and gradients in place:
     torch.optim (its steps, wrappers, kernels and schedulers) and gradient clipping."""
     import torch.nn.utils.clip_grad
     import torch.optim
 
     optim = glob.glob(os.path.join(os.path.dirname(torch.optim.__file__), "*.py"))
-    return {*optim, torch.nn.utils.clip_grad.__file__}
+    return frozenset({*optim, torch.nn.utils.clip_grad.__file__})
 
 
-def attention_mask_files() -> set[str]:
+@functools.cache
+def attention_mask_files() -> frozenset[str]:
     """The source file of Hugging Face's attention masks (``transformers/masking_utils.py``),
     found without importing transformers. A Llama forward with ``use_cache=False`` (as HF's
     Trainer runs it) compiled whole by ``torch.compile(backend="tpu")`` gave logits off by 1.6x
@@ -127,8 +130,8 @@ def attention_mask_files() -> set[str]:
     to the compiled attention as an input."""
     spec = importlib.util.find_spec("transformers")
     if spec is None or spec.origin is None:
-        return set()
-    return {os.path.join(os.path.dirname(spec.origin), "masking_utils.py")}
+        return frozenset()
+    return frozenset({os.path.join(os.path.dirname(spec.origin), "masking_utils.py")})
 
 
 class OptimizerSteps:
@@ -152,19 +155,31 @@ class OptimizerSteps:
 
 
 @contextlib.contextmanager
+def run_as_written(files: frozenset[str]) -> Iterator[None]:
+    """Dynamo leaves the code of ``files`` alone in the block (a call into them is a graph
+    break and runs as the cell's eager mode runs it); its list is restored afterwards, even on
+    error, without the files it held before."""
+    from torch._dynamo import trace_rules
+
+    added = files - trace_rules.FORCE_SKIP_FILES
+    trace_rules.FORCE_SKIP_FILES.update(added)
+    try:
+        yield
+    finally:
+        trace_rules.FORCE_SKIP_FILES.difference_update(added)
+
+
+@contextlib.contextmanager
 def compile_cell_scope(steps: OptimizerSteps) -> Iterator[None]:
     """While a compile cell runs (on the notebook thread): ``backward()`` is a graph break, and
     Dynamo leaves torch.optim's code, gradient clipping and HF's attention masks alone, so each
     optimizer step (counted in ``steps``), each clip and each mask runs as the cell's eager mode
-    runs it. Dynamo's settings are
-    restored afterwards, even on error."""
+    runs it. Dynamo's settings are restored afterwards, even on error."""
     import torch._dynamo
-    from torch._dynamo import trace_rules
 
-    added = (weight_update_files() | attention_mask_files()) - trace_rules.FORCE_SKIP_FILES
-    trace_rules.FORCE_SKIP_FILES.update(added)
-    try:
-        with torch._dynamo.config.patch(trace_autograd_ops=False), steps.listening():
-            yield
-    finally:
-        trace_rules.FORCE_SKIP_FILES.difference_update(added)
+    with (
+        run_as_written(weight_update_files() | attention_mask_files()),
+        torch._dynamo.config.patch(trace_autograd_ops=False),
+        steps.listening(),
+    ):
+        yield

@@ -1,0 +1,231 @@
+"""Modules trained again and again in fused scopes where the runtime fuses by itself (TorchTPU),
+compiled whole by the runtime's compiler on tpunb's worker: driven on the CPU through the real
+Dynamo, with ``aot_eager`` (forward and backward through AOTAutograd) in the chip compiler's place.
+(On a chip: tests/tpu.)"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.backends.registry import lookup_backend
+
+from tpunb.fuse.cache import GraphCache
+from tpunb.fuse.trained_modules import TrainedModules
+from tpunb.runtimes.torchtpu_fused import (
+    OffTheChip,
+    draws_random,
+    hot_call_settings,
+    on_the_chip_only,
+    refusing_random,
+    without_batchnorm,
+)
+
+
+class Model(torch.nn.Module):
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)
+        self.drop = torch.nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.b(self.drop(self.a(x).relu()))
+
+
+class Loop:
+    """A model's training loop, its optimizer and random stream kept across ``run`` calls."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        torch.manual_seed(1)
+        self.model, self.step = model, 0
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+
+    def run(self, steps: int) -> list[float]:
+        losses = []
+        for _ in range(steps):
+            self.step += 1
+            loss = self.model(torch.full((4, 8), float(self.step))).pow(2).mean()
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+
+def train(model: torch.nn.Module, steps: int) -> list[float]:
+    return Loop(model).run(steps)
+
+
+def fresh(dropout: float = 0.0) -> Model:
+    torch.manual_seed(0)
+    return Model(dropout)
+
+
+@pytest.fixture
+def trained():
+    torch._dynamo.reset()
+    yield TrainedModules(
+        GraphCache(on_compiled=lambda name, variant: None), refusing_random(lookup_backend("aot_eager"))
+    )
+    torch._dynamo.reset()
+
+
+def test_a_module_stepped_twice_runs_compiled_whole_and_trains_as_eager(trained):
+    expected = train(fresh(), 10)
+    model = fresh()
+    loop = Loop(model)
+    with trained.scope():
+        got = loop.run(8)
+        trained.cache.wait_idle()
+        backend = trained.hot[model]
+        compiled = [made.variant.done for made in backend.made]
+        runs = backend.runs.count
+        got += loop.run(2)  # compiled calls
+        assert backend.runs.count == runs + 2
+    assert got == pytest.approx(expected, rel=1e-6)
+    assert compiled and all(done is not None and done.fn is not None for done in compiled), compiled
+    runs = backend.runs.count
+    train(model, 2)  # outside the scope: its own call
+    with trained.scope(), torch.no_grad():
+        model(torch.ones(4, 8))  # not training: its own call
+    assert backend.runs.count == runs
+
+
+def test_a_module_the_user_compiled_or_trained_once_is_left_alone(trained):
+    """Nor does a model the user compiled recompile, or break its graph, at each fused cell."""
+    from torch._dynamo.utils import counters
+
+    compiled_by_user, wrapped, once = fresh(), fresh(), fresh()
+    compiled_by_user.compile(backend="eager")
+    optimized = torch.compile(wrapped, backend="eager")
+    counters.clear()
+    graphs = []
+    for cell in range(3):
+        with trained.scope():
+            train(compiled_by_user, 4)
+            train(optimized, 4)
+            if cell == 0:
+                train(once, 1)
+        graphs.append(counters["stats"]["unique_graphs"])
+    names = {
+        id(compiled_by_user): "user",
+        id(wrapped): "wrapped",
+        id(optimized): "optimized",
+        id(once): "once",
+    }
+    assert not [names.get(id(m), type(m).__name__) for m in trained.hot]
+    assert graphs[0] > 0 and graphs == graphs[:1] * 3 and not counters["graph_break"], dict(counters)
+
+
+def test_a_module_that_draws_random_numbers_runs_as_captured_and_draws_as_eager(trained):
+    expected = train(fresh(dropout=0.3), 6)
+    model = fresh(dropout=0.3)
+    loop = Loop(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with trained.scope():
+            got = loop.run(4)
+            trained.cache.wait_idle()
+            got += loop.run(2)
+    assert got == pytest.approx(expected, rel=1e-6)
+    assert model in trained.hot
+    assert any("draws random numbers (dropout)" in str(w.message) for w in caught), [
+        str(w.message) for w in caught
+    ]
+
+
+def captured(module: torch.nn.Module, *args) -> torch.fx.GraphModule:
+    graphs = []
+    torch._dynamo.reset()
+    torch.compile(module, backend=lambda graph, examples: graphs.append(graph) or graph.forward)(*args)
+    torch._dynamo.reset()
+    return graphs[0]
+
+
+def test_what_draws_random_numbers_is_named():
+    x = torch.ones(2, 8)
+    assert draws_random(captured(Model(0.3), x)) == "dropout"
+    assert draws_random(captured(Model(0.0), x)) is None
+    assert draws_random(captured(Model(0.3).eval(), x)) is None
+    assert draws_random(captured(lambda t: t + torch.rand_like(t), x)) == "rand_like"
+    assert draws_random(captured(lambda t: t.clone().uniform_(), x)) == "Tensor.uniform_"
+
+
+def test_a_graph_off_the_chip_is_not_handed_to_the_chips_compiler():
+    graph = captured(Model(0.0), torch.ones(2, 8))
+    with pytest.raises(OffTheChip, match="tensors off the TPU"):
+        on_the_chip_only(lambda graph, examples: graph.forward)(graph, [torch.ones(2, 8)])
+
+
+def test_a_trained_llama_makes_its_attention_mask_outside_its_compiled_graphs():
+    """TorchTPU compiled a Llama forward wrongly with HF's mask built in its graph (see
+    test_torchtpu_compile.py); a trained module's compiled call gets the mask as an input."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        num_hidden_layers=1,
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=32,
+    )
+    ids = torch.randint(0, 64, (2, 8))
+    traced: list[str] = []
+    aot_eager = lookup_backend("aot_eager")
+
+    def recording(graph, examples):
+        traced.extend(str(n.target) for n in graph.graph.nodes if n.op == "call_function")
+        return aot_eager(graph, examples)
+
+    torch._dynamo.reset()
+    modules = TrainedModules(GraphCache(on_compiled=lambda name, variant: None), recording, hot_call_settings)
+    model = LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    try:
+        with modules.scope():
+            for _ in range(4):
+                model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                modules.cache.wait_idle()
+    finally:
+        modules.close()
+        torch._dynamo.reset()
+    assert model in modules.hot
+    assert "<built-in function scaled_dot_product_attention>" in traced
+    assert "<built-in function le>" not in traced, traced
+
+
+def test_a_model_with_batchnorm_stays_with_the_runtimes_eager_fusion(trained):
+    """(TorchTPU's compiled BatchNorm statistics are unmeasured; tpunb keeps them in eager modes.)"""
+    trained.eligible = without_batchnorm
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
+    with trained.scope():
+        train(model, 4)
+        train(fresh(), 4)
+    assert [type(module).__name__ for module in trained.hot] == ["Model"]
+
+
+def test_a_call_dynamo_cannot_capture_runs_as_written_and_the_module_stays_so(trained):
+    """(Here Dynamo refuses a second capture, for a new batch size: ``error_on_recompile``.)"""
+    model = fresh()
+    loop = Loop(model)
+    with trained.scope():
+        loop.run(3)
+        assert model in trained.hot
+        with (
+            torch._dynamo.config.patch(error_on_recompile=True),
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always")
+            model(torch.ones(3, 8)).sum().backward()
+        loop.run(3)
+    assert model not in trained.hot and model in trained.refused
+    assert model._compiled_call_impl is None
+    messages = [str(w.message) for w in caught]
+    assert any("Model runs op by op from now on" in m and "RecompileError" in m for m in messages), messages
