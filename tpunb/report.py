@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from tpunb.events import CellRun
 from tpunb.modes import MODE_DESCRIPTIONS, Mode
-from tpunb.runtimes import UNCOMPILED, MemoryInfo
+from tpunb.runtimes import COMPILED_WHOLE, UNCOMPILED, WHILE_COMPILING, MemoryInfo
 
 if TYPE_CHECKING:  # report formats what the session holds; it never drives one
     from tpunb.session import Session
@@ -80,12 +80,16 @@ def cell_summary(record: CellRun) -> str:
         if record.graph_breaks:
             count = f"{record.graph_breaks} graph break{'s' if record.graph_breaks != 1 else ''}"
             parts.append(f"{count} ({record.break_reasons})" if record.break_reasons else count)
-        uncompiled = uncompiled_part(record.counters)
+        uncompiled = counted_part(record.counters, UNCOMPILED)
         if uncompiled:
             parts.append(uncompiled)
         if record.compile_waited_s >= WAIT_WORTH_SAYING_S:
             waited = record.compile_waited_s
             parts.append(f"waited {waited:.2f} s for fused groups compiling in the background")
+    for prefix in (COMPILED_WHOLE, WHILE_COMPILING):
+        counted = counted_part(record.counters, prefix)
+        if counted:
+            parts.append(counted)
     if record.groups:
         parts.append(f"{record.groups} group{'s' if record.groups != 1 else ''}")
     if record.recompiles:
@@ -100,16 +104,17 @@ def cell_summary(record: CellRun) -> str:
     return f"{line}\n[tpunb] {record.slower}" if record.slower else line
 
 
-def uncompiled_part(counters: dict[str, float]) -> str | None:
-    """What a compile cell ran uncompiled, from the runtime's counters: ``ran uncompiled: 6
-    steps of AdamW, 1 function with tensors off the TPU``."""
+def counted_part(counters: dict[str, float], prefix: str) -> str | None:
+    """The runtime's counters under ``prefix``, counted: what a compile cell ran uncompiled
+    (``ran uncompiled: 6 steps of AdamW, 1 function with tensors off the TPU``), a fused cell's
+    calls of a model compiled whole (``compiled whole: 9 calls of GPT2LMHeadModel``)."""
     counted = []
     for key, count in counters.items():
-        if key.startswith(UNCOMPILED) and count > 0:
-            head, _, rest = key.removeprefix(UNCOMPILED).partition(" ")
+        if key.startswith(prefix) and count > 0:
+            head, _, rest = key.removeprefix(prefix).partition(" ")
             noun = f"{head}s {rest}" if count != 1 else f"{head} {rest}"
             counted.append(f"{int(count)} {noun.strip()}")
-    return f"{UNCOMPILED}{', '.join(counted)}" if counted else None
+    return f"{prefix}{', '.join(counted)}" if counted else None
 
 
 def storm_line(storm: str) -> str:

@@ -103,8 +103,11 @@ def test_a_model_trained_in_fused_cells_runs_compiled_whole_as_strict_trains(cel
     ready = cells.value(
         f"[m.variant.done is not None and m.variant.done.fn is not None for m in {hot}[model].made]"
     )
-    cells.ok("%%tpu_mode fused\n" + GPT2_ADAMW.train.replace("losses", "more"))
+    again = cells.ok("%%tpu_mode fused\n" + GPT2_ADAMW.train.replace("losses", "more"))
     assert cells.value(f"{hot}[model].runs.count") > runs
+    assert again.summary is not None and "compiled whole: 6 calls of GPT2LMHeadModel" in again.summary, (
+        again.output
+    )
     assert ready and all(ready), ready
     worst = max(abs(a - b) / abs(b) for a, b in zip(first, expected, strict=True))
     assert worst <= TOLERANCE["fp32"], f"fused: {first}\nstrict: {expected}"

@@ -46,6 +46,18 @@ def test_a_compile_cell_says_what_it_ran_uncompiled():
     )
 
 
+def test_a_fused_cell_says_which_model_ran_compiled_whole():
+    counters = {
+        "compiled whole: call of GPT2LMHeadModel": 9,
+        "ran as captured while compiling: call of GPT2LMHeadModel": 1,
+    }
+    line = cell_summary(run(mode="fused", counters=counters, cache_hits=4))
+    assert line == (
+        "[tpunb] fused · 1.23 s · compiled whole: 9 calls of GPT2LMHeadModel · "
+        "ran as captured while compiling: 1 call of GPT2LMHeadModel · cache 4 hit / 0 miss"
+    )
+
+
 def test_summary_shows_only_what_is_known_and_non_zero():
     assert cell_summary(run()) == "[tpunb] debug · 1.23 s"  # no "0 groups": nothing fused
     # a compile cell run again reuses its graphs: no "0 graphs compiled"

@@ -86,6 +86,9 @@ def test_a_module_stepped_twice_runs_compiled_whole_and_trains_as_eager(trained)
         assert backend.runs.count == runs + 2
     assert got == pytest.approx(expected, rel=1e-6)
     assert compiled and all(done is not None and done.fn is not None for done in compiled), compiled
+    # steps 3-10 went through Dynamo: as captured while compiling, then compiled (the last two)
+    assert trained.compiled_calls["Model"] >= 2
+    assert trained.compiled_calls["Model"] + trained.captured_calls["Model"] == 8
     runs = backend.runs.count
     train(model, 2)  # outside the scope: its own call
     with trained.scope(), torch.no_grad():

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -77,6 +78,9 @@ class TrainedModules:
         self._steps: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
         #: the hot ones, with their backends (what they made: ``compiling``, errors)
         self.hot: weakref.WeakKeyDictionary[torch.nn.Module, CompileLater] = weakref.WeakKeyDictionary()
+        #: calls run compiled, and run as captured while compiling, by module class (counters)
+        self.compiled_calls: Counter[str] = Counter()
+        self.captured_calls: Counter[str] = Counter()
         #: those Dynamo failed to capture: never hot again
         self.refused: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
@@ -133,7 +137,7 @@ class TrainedModules:
         backend = CompileLater(self.cache, type(module).__name__, lambda: False, GraphRuns(), self.compile)
         self.hot[module] = backend
         compiled = torch.compile(module._call_impl, backend=backend, dynamic=False)
-        module._compiled_call_impl = self._routed(module, compiled)
+        module._compiled_call_impl = self._routed(module, compiled, backend)
 
     def _refuse(self, module: torch.nn.Module, error: Exception) -> None:
         """Dynamo failed to capture ``module``'s call: its own call from now on, said once."""
@@ -148,16 +152,22 @@ class TrainedModules:
             stacklevel=4,
         )
 
-    def _routed(self, module: torch.nn.Module, compiled: Callable[..., Any]) -> Callable[..., Any]:
+    def _routed(
+        self, module: torch.nn.Module, compiled: Callable[..., Any], backend: CompileLater
+    ) -> Callable[..., Any]:
         """The module's call: compiled in a fused scope in training, its own call otherwise."""
+        name = type(module).__name__
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if self._active and in_training(module):
                 try:
                     with self.hooks.lifted(), self.around_compiled():
-                        return compiled(*args, **kwargs)
+                        out = compiled(*args, **kwargs)
                 except torch._dynamo.exc.TorchDynamoException as error:  # raised while capturing: nothing ran
                     self._refuse(module, error)
+                else:
+                    (self.captured_calls if backend.compiling else self.compiled_calls)[name] += 1
+                    return out
             return module._call_impl(*args, **kwargs)
 
         return call

@@ -9,8 +9,10 @@ from dataclasses import replace
 
 from tpunb.events import Record
 from tpunb.runtimes.base import (
+    COMPILED_WHOLE,
     CPU_FALLBACK,
     UNCOMPILED,
+    WHILE_COMPILING,
     CacheDirError,
     CacheStats,
     MemoryInfo,
@@ -29,9 +31,11 @@ ADAPTERS: dict[str, str] = {
 
 __all__ = [
     "ADAPTERS",
+    "COMPILED_WHOLE",
     "CPU_FALLBACK",
     "PACKAGES",
     "UNCOMPILED",
+    "WHILE_COMPILING",
     "CacheDirError",
     "CacheStats",
     "MemoryInfo",

@@ -160,6 +160,11 @@ CPU_FALLBACK = "cpu fallback: "
 #: Prefix of ``Runtime.counters`` keys that count what compile cells ran uncompiled, by a noun
 #: phrase whose first word takes the plural ("step of AdamW": "6 steps of AdamW").
 UNCOMPILED = "ran uncompiled: "
+#: Prefixes of ``Runtime.counters`` keys that count a fused cell's calls of a model compiled
+#: whole by the runtime's compiler ("call of GPT2LMHeadModel"): run compiled, and run as
+#: captured while its compile was under way.
+COMPILED_WHOLE = "compiled whole: "
+WHILE_COMPILING = "ran as captured while compiling: "
 
 
 class CacheDirError(ValueError):

@@ -33,7 +33,14 @@ from tpunb.fuse.cache import GraphCache
 from tpunb.fuse.disk_cache import user_cache_root
 from tpunb.fuse.trained_modules import TrainedModules, global_hooks_warning
 from tpunb.modes import Mode, ModeConfig
-from tpunb.runtimes.base import UNCOMPILED, CacheDirError, CacheStats, MemoryInfo
+from tpunb.runtimes.base import (
+    COMPILED_WHOLE,
+    UNCOMPILED,
+    WHILE_COMPILING,
+    CacheDirError,
+    CacheStats,
+    MemoryInfo,
+)
 from tpunb.runtimes.moved_parameters import keep_parameters_when_moved
 from tpunb.runtimes.torchtpu_batchnorm import RunningStatistics
 from tpunb.runtimes.torchtpu_compile import DeviceGuardedBackend, OptimizerSteps, compile_cell_scope
@@ -294,6 +301,12 @@ class TorchTpuRuntime:
     def counters(self) -> dict[str, float]:
         uncompiled = {**self._optimizer_steps.counts, **(self._compiler.counts if self._compiler else {})}
         counts = {UNCOMPILED + what: count for what, count in uncompiled.items()}
+        if self._trained_modules is not None:
+            for prefix, calls in (
+                (COMPILED_WHOLE, self._trained_modules.compiled_calls),
+                (WHILE_COMPILING, self._trained_modules.captured_calls),
+            ):
+                counts.update({f"{prefix}call of {name}": count for name, count in calls.items()})
         stats = self._perf_stats()
         if stats is None:
             return counts
