@@ -143,25 +143,12 @@ def test_a_compile_cell_keeps_backward_clipping_and_the_optimizer_out_of_the_gra
     assert traced and not any("foreach" in op or "addcdiv" in op for op in traced), traced
 
 
-def test_a_compile_cell_makes_hugging_faces_attention_mask_outside_the_graph():
+def test_a_compile_cell_makes_hugging_faces_attention_mask_outside_the_graph(tiny_llama):
     """A Llama forward without its cache (as HF's Trainer runs it) compiled whole by TorchTPU
     gave logits off by 1.6x their largest on a v5e, the mask built inside the graph; made op by
     op and handed in, it gave strict's. In a compile cell the mask's construction (its ``le`` on
     position ranges) is a graph break and the attention's graph takes the mask as an input."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        num_hidden_layers=1,
-        hidden_size=32,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        vocab_size=64,
-        max_position_embeddings=32,
-    )
-    model = LlamaForCausalLM(config)
-    ids = torch.randint(0, 64, (2, 8))
+    model, ids = tiny_llama
     inner = Recording()
     torch._dynamo.reset()
     try:

@@ -162,22 +162,10 @@ def test_a_graph_off_the_chip_is_not_handed_to_the_chips_compiler():
         on_the_chip_only(lambda graph, examples: graph.forward)(graph, [torch.ones(2, 8)])
 
 
-def test_a_trained_llama_makes_its_attention_mask_outside_its_compiled_graphs():
+def test_a_trained_llama_makes_its_attention_mask_outside_its_compiled_graphs(tiny_llama):
     """TorchTPU compiled a Llama forward wrongly with HF's mask built in its graph (see
     test_torchtpu_compile.py); a trained module's compiled call gets the mask as an input."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        num_hidden_layers=1,
-        hidden_size=32,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        vocab_size=64,
-        max_position_embeddings=32,
-    )
-    ids = torch.randint(0, 64, (2, 8))
+    model, ids = tiny_llama
     traced: list[str] = []
     aot_eager = lookup_backend("aot_eager")
 
@@ -187,7 +175,6 @@ def test_a_trained_llama_makes_its_attention_mask_outside_its_compiled_graphs():
 
     torch._dynamo.reset()
     modules = TrainedModules(GraphCache(on_compiled=lambda name, variant: None), recording, hot_call_settings)
-    model = LlamaForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     try:
         with modules.scope():
