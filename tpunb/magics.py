@@ -75,7 +75,8 @@ class TpuMagics(Magics):
         "--sync-compile",
         action="store_true",
         help="fused mode: compile a new group before running it (default: run it op by op "
-        "while a background thread compiles it).",
+        "while a background thread compiles it); on TorchTPU, a trained model is compiled whole "
+        "from its second step, the call waiting for it.",
     )
     @argument(
         "--hot-training",

@@ -219,3 +219,22 @@ def test_a_call_dynamo_cannot_capture_runs_as_written_and_the_module_stays_so(tr
     assert model._compiled_call_impl is None
     messages = [str(w.message) for w in caught]
     assert any("Model runs op by op from now on" in m and "RecompileError" in m for m in messages), messages
+
+
+def test_a_module_turns_hot_once_its_steps_have_paid_for_a_compile_and_at_once_with_sync_compile(trained):
+    """Steps that cost less than a compile leave it to the runtime's own fusion, in one cell or
+    across cells; ``--sync-compile`` compiles at the second step, the call waiting for it."""
+    trained.pays_off_after_s = 3600.0
+    model = fresh()
+    loop = Loop(model)
+    for _cell in range(2):
+        with trained.scope():
+            loop.run(4)
+    assert model not in trained.hot
+    with trained.scope(sync_compile=True):
+        loop.run(1)
+        assert model in trained.hot
+        loop.run(1)  # captured and compiled in the call
+        done = [made.variant.done for made in trained.hot[model].made]
+        assert done and all(d is not None and d.fn is not None for d in done), done
+        assert trained.compiled_calls["Model"] == 1

@@ -10,8 +10,12 @@ captured graph run at once, the compile on tpunb's worker thread, swapped in whe
 compiler ran off the notebook thread without error.
 
 A module turns hot as on the native runtime's hot path: called outermost with grad in train
-mode, then stepped by an optimizer that holds its parameters, ``HOT_STEPS_AFTER`` times (a
-module trained once in a cell is not worth a capture). From then on its calls in that regime,
+mode, then stepped by an optimizer that holds its parameters, ``HOT_STEPS_AFTER`` times, once
+its steps have taken ``pays_off_after_s`` (rent or buy: what capturing and compiling it costs
+the notebook; the runtime says how much), in one cell or across cells. A short cell therefore
+runs as it did without this, and a long training loop pays at most about twice. With
+``--sync-compile`` it turns hot at its ``HOT_STEPS_AFTER``-th step and its call waits for the
+compile. From then on its calls in that regime,
 in fused cells, go through Dynamo with compile_later.py's backend; in any other regime or cell
 they are the module's own call, as before. The loop around it (the batch, the loss outside the
 module, ``backward()``, the optimizer's step) runs as the cell's eager mode runs it. A module
@@ -27,6 +31,7 @@ at once (``ModuleCallHooks``), so they break no graph of the user's.
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 import weakref
 from collections import Counter
@@ -66,16 +71,23 @@ class TrainedModules:
         compile: Compile,
         around_compiled: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
         eligible: Callable[[torch.nn.Module], bool] = lambda module: True,
+        pays_off_after_s: float = 0.0,
     ) -> None:
         self.cache, self.compile, self.around_compiled = cache, compile, around_compiled
-        self.eligible = eligible
+        self.eligible, self.pays_off_after_s = eligible, pays_off_after_s
         self.hooks = ModuleCallHooks(self._before, self._after)
         self._hooks_kept = contextlib.ExitStack()  # installed at the first scope, for good
         self._depth = 0
         self._active = False
-        #: outermost modules called in training since the last optimizer step
-        self._trained_since_step: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self._sync = False  # the scope's --sync-compile
+        #: outermost modules called in training since the last optimizer step, with the time of
+        #: the first such call
+        self._trained_since_step: weakref.WeakKeyDictionary[torch.nn.Module, float] = (
+            weakref.WeakKeyDictionary()
+        )
         self._steps: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+        #: the seconds its steps took before it turned hot, first call to the step's end
+        self._spent: weakref.WeakKeyDictionary[torch.nn.Module, float] = weakref.WeakKeyDictionary()
         #: the hot ones, with their backends (what they made: ``compiling``, errors)
         self.hot: weakref.WeakKeyDictionary[torch.nn.Module, CompileLater] = weakref.WeakKeyDictionary()
         #: calls run compiled, and run as captured while compiling, by module class (counters)
@@ -85,14 +97,16 @@ class TrainedModules:
         self.refused: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
     @contextlib.contextmanager
-    def scope(self) -> Iterator[None]:
-        """A fused cell's scope, on the notebook thread: calls counted, hot modules compiled."""
+    def scope(self, sync_compile: bool = False) -> Iterator[None]:
+        """A fused cell's scope, on the notebook thread: calls counted, hot modules compiled
+        (with ``sync_compile``, from their ``HOT_STEPS_AFTER``-th step, the call waiting for the
+        compile)."""
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         handle = register_optimizer_step_post_hook(self._after_step)
         if not self.hooks.installed_now:
             self._hooks_kept.enter_context(self.hooks.installed())
-        self._active, self._depth = True, 0
+        self._active, self._depth, self._sync = True, 0, sync_compile
         try:
             yield
         finally:
@@ -110,7 +124,7 @@ class TrainedModules:
             return
         counted = not isinstance(module, OptimizedModule) and module not in self.hot
         if self._depth == 0 and counted and in_training(module):
-            self._trained_since_step.add(module)
+            self._trained_since_step.setdefault(module, time.perf_counter())
         self._depth += 1
 
     def _after(self, module: torch.nn.Module, out: Any) -> None:
@@ -119,7 +133,8 @@ class TrainedModules:
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        for module in list(self._trained_since_step):
+        now = time.perf_counter()
+        for module, first_call in list(self._trained_since_step.items()):
             if (
                 module in self.refused
                 or module._compiled_call_impl is not None
@@ -127,14 +142,18 @@ class TrainedModules:
             ):
                 continue
             self._steps[module] = self._steps.get(module, 0) + 1
-            if self._steps[module] >= HOT_STEPS_AFTER and self.eligible(module):
+            self._spent[module] = self._spent.get(module, 0.0) + now - first_call
+            paid = self._sync or self._spent[module] >= self.pays_off_after_s
+            if self._steps[module] >= HOT_STEPS_AFTER and paid and self.eligible(module):
                 self._make_hot(module)
         self._trained_since_step.clear()
 
     def _make_hot(self, module: torch.nn.Module) -> None:
         """From the module's next training call in a fused scope, its calls in that regime run
         compiled whole (``nn.Module.compile``'s place for a compiled call, behind a check)."""
-        backend = CompileLater(self.cache, type(module).__name__, lambda: False, GraphRuns(), self.compile)
+        backend = CompileLater(
+            self.cache, type(module).__name__, lambda: self._sync, GraphRuns(), self.compile
+        )
         self.hot[module] = backend
         compiled = torch.compile(module._call_impl, backend=backend, dynamic=False)
         module._compiled_call_impl = self._routed(module, compiled, backend)

@@ -44,7 +44,12 @@ from tpunb.runtimes.base import (
 from tpunb.runtimes.moved_parameters import keep_parameters_when_moved
 from tpunb.runtimes.torchtpu_batchnorm import RunningStatistics
 from tpunb.runtimes.torchtpu_compile import DeviceGuardedBackend, OptimizerSteps, compile_cell_scope
-from tpunb.runtimes.torchtpu_fused import hot_call_settings, tpu_training_compiler, without_batchnorm
+from tpunb.runtimes.torchtpu_fused import (
+    TPU_COMPILE_COST_S,
+    hot_call_settings,
+    tpu_training_compiler,
+    without_batchnorm,
+)
 from tpunb.runtimes.torchtpu_recovery import TpuRecovery
 
 #: tpunb mode -> TorchTPU eager mode; compile cells run fused around their compiled graphs
@@ -174,7 +179,7 @@ class TorchTpuRuntime:
             if config.mode is Mode.FUSED and self.present:
                 stack.enter_context(optimizer_steps_end_the_deferred_graph(self._torch))
                 if config.hot_training:
-                    stack.enter_context(self._trained().scope())
+                    stack.enter_context(self._trained().scope(config.sync_compile))
             try:
                 yield
             except BaseException:
@@ -205,7 +210,7 @@ class TorchTpuRuntime:
             compiler_noise.hold_runtime_warnings(global_hooks_warning)
             compiles = GraphCache(on_compiled=lambda name, variant: None)
             self._trained_modules = TrainedModules(
-                compiles, tpu_training_compiler(), hot_call_settings, without_batchnorm
+                compiles, tpu_training_compiler(), hot_call_settings, without_batchnorm, TPU_COMPILE_COST_S
             )
         return self._trained_modules
 
