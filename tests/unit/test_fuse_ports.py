@@ -78,6 +78,51 @@ def test_the_engine_is_what_each_protocol_says():
     for protocol in set(COLLABORATORS.values()):
         missing = [name for name in members(protocol) if not hasattr(engine, name)]
         assert not missing, f"FusionEngine lacks {missing} of {protocol.__name__}"
+    parts = {"adoption": ports.AdoptionPort, "hot": ports.HotCallsPort, "hot_steps": ports.HotStepsPort}
+    for name, protocol in parts.items():
+        missing = [
+            member
+            for member in members(protocol) | properties(protocol)
+            if not hasattr(getattr(engine, name), member)
+        ]
+        assert not missing, f"the engine's {name} lacks {missing} of {protocol.__name__}"
+
+
+def properties(protocol: type) -> set[str]:
+    return {n for n, v in vars(protocol).items() if isinstance(v, property)}
+
+
+#: Every module of tpunb/fuse, parsed as collected (as ``TREES``), for the imports among them.
+ALL_TREES = {path.stem: ast.parse(path.read_text()) for path in sorted(FUSE.glob("*.py"))}
+
+
+def fuse_imports(tree: ast.Module) -> set[str]:
+    """The tpunb.fuse modules ``tree`` imports, anywhere (type-only imports too)."""
+    return {
+        node.module.split(".")[2]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tpunb.fuse.")
+    }
+
+
+def test_no_module_of_the_engine_imports_itself_back():
+    """The modules import one another without a circle, type-only imports included, so each can
+    be read after what it builds on: the Protocols in ports.py name what a part uses of another
+    instead of importing its class."""
+    imports = {name: fuse_imports(tree) for name, tree in ALL_TREES.items()}
+
+    def reaches(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(imports.get(start, ()))
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(imports.get(name, ()))
+        return seen
+
+    circles = sorted(name for name in imports if name in reaches(name))
+    assert not circles, f"these modules import themselves back: {circles}"
 
 
 #: Code that reaches the engine two ways (parsed as collected, as ``TREES``).

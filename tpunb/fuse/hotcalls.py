@@ -177,7 +177,7 @@ class HotCalls:
             self.engine.flush("a module turning hot")
         for module in turning:
             if module._compiled_call_impl is None or isinstance(module._compiled_call_impl, Turning):
-                module._compiled_call_impl = HotCall(self.engine, module)
+                module._compiled_call_impl = HotCall(self.engine, module, self.codes)
                 self.engine.adoption.release((module,))
 
     def _after(self, module: torch.nn.Module, out: Any) -> None:
@@ -232,7 +232,7 @@ class HotCalls:
             if module._compiled_call_impl is None:
                 module._compiled_call_impl = Turning(self.engine, module)
         elif action is CallAction.HOT_FROM_NEXT_CALL:
-            module._compiled_call_impl = HotCall(self.engine, module)
+            module._compiled_call_impl = HotCall(self.engine, module, self.codes)
 
 
 class Turning:
@@ -354,8 +354,9 @@ class HotCall:
     AOTAutograd and Inductor on the worker), the module's own call otherwise. Pickling a
     module drops it (``nn.Module.__getstate__``)."""
 
-    def __init__(self, engine: HotPathEngine, module: torch.nn.Module) -> None:
+    def __init__(self, engine: HotPathEngine, module: torch.nn.Module, codes: HotCodes) -> None:
         self.engine = engine
+        self.codes = codes  # its owner's compiled calls, by architecture
         self.module_ref = weakref.ref(module)
         self.name = type(module).__name__
         self.architecture = architecture(module)  # whose compiled code it runs (hotcode.py)
@@ -380,7 +381,7 @@ class HotCall:
         architecture's key hashes a tuple per parameter)."""
         code = self._codes.get(now)
         if code is None:
-            code = self._codes[now] = self.engine.hot.codes.made(self.architecture, now, self.name)
+            code = self._codes[now] = self.codes.made(self.architecture, now, self.name)
         return code
 
     def _compiled_before(self, now: Regime) -> bool:
@@ -389,7 +390,7 @@ class HotCall:
             return True
         code = self._codes.get(now)
         if code is None:  # (asked every eager call: look it up only once a code was made)
-            codes = self.engine.hot.codes
+            codes = self.codes
             if self._none_at.get(now) == codes.count:
                 return False
             code = codes.get(self.architecture, now)

@@ -16,17 +16,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     import torch
 
-    from tpunb.fuse.adopt import Adoption
     from tpunb.fuse.aside import ModeStack
     from tpunb.fuse.cache import GraphCache
     from tpunb.fuse.compilers import GraphCompiler
-    from tpunb.fuse.deferred import DeferredTensor
     from tpunb.fuse.growing import GrowingInputs
-    from tpunb.fuse.hotcalls import HotCalls
-    from tpunb.fuse.hotsteps import HotSteps
     from tpunb.fuse.interrupts import InterruptGuard
+    from tpunb.fuse.module_call_hooks import ModuleCallHooks
     from tpunb.fuse.options import FuseOptions
     from tpunb.fuse.trace import Trace
 
@@ -39,7 +38,7 @@ class WrapperEngine(Protocol):
 
     def dispatch(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any: ...
 
-    def materialize(self, wrapper: DeferredTensor, reason: str) -> torch.Tensor: ...
+    def materialize(self, wrapper: torch.Tensor, reason: str) -> torch.Tensor: ...  # a DeferredTensor
 
 
 class RecorderEngine(WrapperEngine, Protocol):
@@ -52,6 +51,40 @@ class RecorderEngine(WrapperEngine, Protocol):
     growing: GrowingInputs
 
 
+class AdoptionPort(Protocol):
+    """What the hot calls and steps use of adoption (adopt.py's ``Adoption``)."""
+
+    def on_module_call(self, module: torch.nn.Module) -> None: ...
+
+    def release(self, objects: tuple[Any, ...]) -> int: ...
+
+    def release_stepping(self, optimizer: torch.optim.Optimizer) -> bool: ...
+
+    def step_hook_lifted(self) -> AbstractContextManager[None]: ...
+
+
+class HotCallsPort(Protocol):
+    """What adoption, the hot calls and the hot steps use of the hot calls (hotcalls.py's
+    ``HotCalls``)."""
+
+    hooks: ModuleCallHooks
+
+    @property
+    def in_call(self) -> bool: ...
+
+    def turn_hot(self, only: torch.nn.Module | None = None) -> None: ...
+
+    def refuse(self, module: torch.nn.Module) -> None: ...
+
+
+class HotStepsPort(Protocol):
+    """What adoption and the hot steps use of the hot steps (hotsteps.py's ``HotSteps``)."""
+
+    def on_plain_step(self, optimizer: torch.optim.Optimizer) -> None: ...
+
+    def refuse(self, optimizer: torch.optim.Optimizer, step: Any) -> None: ...  # a HotStep
+
+
 class HotPathEngine(WrapperEngine, Protocol):
     """What adoption and the hot calls and steps use: they decide, around the recording,
     what is recorded and what runs compiled whole, so they flush, hold interrupts, step the
@@ -61,9 +94,9 @@ class HotPathEngine(WrapperEngine, Protocol):
     options: FuseOptions
     trace: Trace
     interrupts: InterruptGuard
-    adoption: Adoption
-    hot: HotCalls
-    hot_steps: HotSteps
+    adoption: AdoptionPort
+    hot: HotCallsPort
+    hot_steps: HotStepsPort
     cache: GraphCache
     compiler: GraphCompiler
     publish: Any
