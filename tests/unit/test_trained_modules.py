@@ -12,6 +12,7 @@ import torch
 import torch._dynamo
 from torch._dynamo.backends.registry import lookup_backend
 
+from tpunb.events import GroupStatus
 from tpunb.fuse.cache import GraphCache
 from tpunb.fuse.trained_modules import TrainedModules
 from tpunb.runtimes.torchtpu_fused import (
@@ -238,3 +239,19 @@ def test_a_module_turns_hot_once_its_steps_have_paid_for_a_compile_and_at_once_w
         done = [made.variant.done for made in trained.hot[model].made]
         assert done and all(d is not None and d.fn is not None for d in done), done
         assert trained.compiled_calls["Model"] == 1
+
+
+def test_each_call_through_dynamo_has_a_group_row_as_the_native_hot_path_writes(trained):
+    rows = []
+    trained.publish = rows.append
+    model = fresh()
+    loop = Loop(model)
+    with trained.scope():
+        loop.run(3)  # the third call is captured
+        trained.cache.wait_idle()
+        loop.run(2)
+    assert [row.key for row in rows] == ["Model-training"] * 3
+    assert rows[0].status is GroupStatus.MISS and rows[-1].status is GroupStatus.HIT, rows
+    # at the user's line that called the model (Loop.run's)
+    assert all(row.whole_call and row.at == rows[0].at for row in rows), rows
+    assert rows[0].at.startswith("test_trained_modules.py:"), rows[0].at

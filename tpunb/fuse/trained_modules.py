@@ -41,11 +41,40 @@ from typing import Any
 import torch
 from torch._dynamo.eval_frame import OptimizedModule
 
+from tpunb.events import FusionGroup, GroupStatus, Record
 from tpunb.fuse.cache import GraphCache
 from tpunb.fuse.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.compilers import Compile
 from tpunb.fuse.module_call_hooks import ModuleCallHooks
 from tpunb.fuse.plan import HOT_STEPS_AFTER
+from tpunb.source import locate
+
+
+def call_row(name: str, backend: CompileLater, captured: bool, started: float) -> FusionGroup:
+    """A compiled call's group row, as the native hot path writes one (hotcalls.py): a miss
+    when Dynamo captured a graph during it, ``compiling`` while its graphs run as captured, a
+    hit once they run compiled."""
+    where = locate()
+    if captured:
+        status = GroupStatus.MISS
+    elif backend.compiling:
+        status = GroupStatus.COMPILING
+    else:
+        status = GroupStatus.HIT
+    return FusionGroup(
+        key=f"{name}-training",
+        ops=0,
+        top_ops={},
+        input_shapes=[],
+        trigger=f"{name} call, compiled whole (a trained model)",
+        source=str(where) if where else name,
+        status=status,
+        compile_ms=None,
+        run_ms=(time.perf_counter() - started) * 1000,
+        lifted=0,
+        whole_call=True,
+        at=where.label if where else None,
+    )
 
 
 def global_hooks_warning(message: str, filename: str, lineno: int) -> bool:
@@ -63,7 +92,8 @@ class TrainedModules:
     """Counts the optimizer steps over each module trained in fused scopes and compiles the
     module whole once it is hot (``compile``: the runtime's training compiler, on ``cache``'s
     worker; ``around_compiled``: the runtime's Dynamo settings for its compiled calls;
-    ``eligible``: which modules the runtime's compiler may take whole)."""
+    ``eligible``: which modules the runtime's compiler may take whole; ``publish``: where each
+    compiled call's group row goes, as the native hot path's rows)."""
 
     def __init__(
         self,
@@ -72,9 +102,10 @@ class TrainedModules:
         around_compiled: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
         eligible: Callable[[torch.nn.Module], bool] = lambda module: True,
         pays_off_after_s: float = 0.0,
+        publish: Callable[[Record], None] | None = None,
     ) -> None:
         self.cache, self.compile, self.around_compiled = cache, compile, around_compiled
-        self.eligible, self.pays_off_after_s = eligible, pays_off_after_s
+        self.eligible, self.pays_off_after_s, self.publish = eligible, pays_off_after_s, publish
         self.hooks = ModuleCallHooks(self._before, self._after)
         self._hooks_kept = contextlib.ExitStack()  # installed at the first scope, for good
         self._depth = 0
@@ -179,6 +210,7 @@ class TrainedModules:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if self._active and in_training(module):
+                graphs, started = len(backend.made), time.perf_counter()
                 try:
                     with self.hooks.lifted(), self.around_compiled():
                         out = compiled(*args, **kwargs)
@@ -186,6 +218,8 @@ class TrainedModules:
                     self._refuse(module, error)
                 else:
                     (self.captured_calls if backend.compiling else self.compiled_calls)[name] += 1
+                    if self.publish is not None:
+                        self.publish(call_row(name, backend, len(backend.made) > graphs, started))
                     return out
             return module._call_impl(*args, **kwargs)
 

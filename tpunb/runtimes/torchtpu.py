@@ -210,7 +210,12 @@ class TorchTpuRuntime:
             compiler_noise.hold_runtime_warnings(global_hooks_warning)
             compiles = GraphCache(on_compiled=lambda name, variant: None)
             self._trained_modules = TrainedModules(
-                compiles, tpu_training_compiler(), hot_call_settings, without_batchnorm, TPU_COMPILE_COST_S
+                compiles,
+                tpu_training_compiler(),
+                hot_call_settings,
+                without_batchnorm,
+                TPU_COMPILE_COST_S,
+                self._publish,
             )
         return self._trained_modules
 
