@@ -21,7 +21,9 @@ Ratios are against strict in the same run, same model, loop and precision. On a 
 ``--models gpt2 --steps 5`` (both precisions, three modes) took 231 s, most of it compile mode's
 first runs (67-81 s each): where a command is limited to 10 minutes, run one model a command.
 `--loops no-read` keeps each step's loss on the device and reads them after the loop (a loop that
-reads no value between steps).
+reads no value between steps). A fused cell compiles a trained model whole only once its steps
+have taken 30 s (tpunb/runtimes/torchtpu_fused.py); ``--modes "strict,fused,fused --sync-compile"``
+adds a row where it is compiled from its second step, the call waiting for the compile.
 """
 
 from __future__ import annotations
@@ -128,16 +130,16 @@ def peak_flops() -> float:
 def table(rows: list[Row]) -> str:
     strict = {(r.model, r.loop, r.precision): r.tokens_per_s for r in rows if r.mode == "strict"}
     lines = [
-        f"{'model':<6} {'loop':<7} {'prec':<5} {'mode':<8} {'first s':>8} {'tok/s':>9} {'x strict':>8} "
+        f"{'model':<6} {'loop':<7} {'prec':<5} {'mode':<21} {'first s':>8} {'tok/s':>9} {'x strict':>8} "
         f"{'MFU':>6} {'loss diff':>9} fell"
     ]
     for r in rows:
         baseline = strict.get((r.model, r.loop, r.precision))
         ratio = r.tokens_per_s / baseline if baseline else 0.0
         lines.append(
-            f"{r.model:<6} {r.loop:<7} {r.precision:<5} {r.mode:<8} {r.first_s:>8.1f} {r.tokens_per_s:>9.0f} "
-            f"{ratio:>7.2f}x {r.mfu:>6.1%} {r.loss_diff:>9.1e} {'yes' if r.loss_fell else 'NO'}"
-            + (f"  {r.error[:120]}" if r.error else "")
+            f"{r.model:<6} {r.loop:<7} {r.precision:<5} {r.mode:<21} {r.first_s:>8.1f} "
+            f"{r.tokens_per_s:>9.0f} {ratio:>7.2f}x {r.mfu:>6.1%} {r.loss_diff:>9.1e} "
+            f"{'yes' if r.loss_fell else 'NO'}" + (f"  {r.error[:120]}" if r.error else "")
         )
     return "\n".join(lines)
 
