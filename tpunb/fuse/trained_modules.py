@@ -15,11 +15,11 @@ its steps have taken ``pays_off_after_s`` (rent or buy: what capturing and compi
 the notebook; the runtime says how much), in one cell or across cells. A short cell therefore
 runs as it did without this, and a long training loop pays at most about twice. With
 ``--sync-compile`` it turns hot at its ``HOT_STEPS_AFTER``-th step and its call waits for the
-compile. From then on its calls in that regime,
-in fused cells, go through Dynamo with compile_later.py's backend; in any other regime or cell
-they are the module's own call, as before. The loop around it (the batch, the loss outside the
-module, ``backward()``, the optimizer's step) runs as the cell's eager mode runs it. A module
-the user compiled already (``model.compile()``) is left alone.
+compile. From then on its calls in that regime, in fused cells, go through Dynamo with
+compile_later.py's backend; in any other regime or cell they are the module's own call. The
+loop around it (the batch, the loss outside the module, ``backward()``, the optimizer's step)
+runs as the cell's eager mode runs it. A module the user compiled already
+(``model.compile()``) is left alone.
 
 The module call hooks that count calls stay installed from the first fused cell on (and do
 nothing outside fused cells: two Python calls per module call): hooks registered anew in each
