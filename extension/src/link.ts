@@ -51,6 +51,14 @@ export class KernelLink implements IDisposable {
     return this._state;
   }
 
+  /**
+   * The comm requests go on (null: none). It can change while tpunb stays loaded: a page
+   * that asked for open comms as the kernel opened its own uses the kernel's, and closes its.
+   */
+  get commId(): string | null {
+    return this._comm?.commId ?? null;
+  }
+
   /** A mode picked here that the kernel has not confirmed yet. */
   get requested(): string | null {
     return this._requested;

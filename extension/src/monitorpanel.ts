@@ -58,11 +58,17 @@ export class MonitorPanel extends Widget {
     this._subscribe(false);
   }
 
-  /** Tell the kernel whether to feed this panel (only a kernel with tpunb can). */
+  /**
+   * Tell the kernel whether to feed this panel (only a kernel with tpunb can), again when the
+   * link's comm changed: the kernel feeds the comm a request came on, and a subscription made
+   * on a comm the page then closed (two opened at once after a restart) fed nothing.
+   */
   private _subscribe(open: boolean): void {
     const wanted = open && Boolean(this._link?.state);
-    if (wanted !== this._open) {
+    const comm = wanted ? (this._link?.commId ?? null) : null;
+    if (wanted !== this._open || comm !== this._openOn) {
       this._open = wanted;
+      this._openOn = comm;
       this._link?.send({ type: 'monitor', open: wanted });
     }
   }
@@ -70,8 +76,9 @@ export class MonitorPanel extends Widget {
   private _onState(): void {
     if (this._link?.state === null) {
       this._open = false;
+      this._openOn = null;
       this._clearView();
-    } else if (this.isVisible && !this._open) {
+    } else if (this.isVisible) {
       this._subscribe(true);
     }
   }
@@ -138,6 +145,7 @@ export class MonitorPanel extends Widget {
 
   private _link: KernelLink | null = null;
   private _open = false;
+  private _openOn: string | null = null; // the comm the kernel was asked to feed
   private _model: ViewModel | null = null;
   private _cleanup: (() => void) | null = null;
   private _style: HTMLStyleElement;
