@@ -4,7 +4,7 @@ tolerance, the loss falls, and a compile cell says what it ran uncompiled instea
 from __future__ import annotations
 
 import pytest
-from workloads import GENERATE, GPT2_ADAMW, WORKLOADS, Workload
+from workloads import GENERATE, GPT2_ADAMW, GPT2_DROPOUT, WORKLOADS, Workload
 
 from tpunb.reserved_calls import fixed_release
 from tpunb.versions import distribution_version
@@ -108,6 +108,19 @@ def test_a_model_trained_in_fused_cells_runs_compiled_whole_as_strict_trains(cel
     )
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_dropout_draws_strict_masks_in_every_mode(cells, precision: str) -> None:
+    """Strict's losses and the random stream after the loop, the model compiled whole (fused,
+    its masks drawn op by op: fuse/dropout_masks.py) or not."""
+    expected = train(cells, GPT2_DROPOUT, precision, "strict")
+    drawn = cells.value("drawn_next")
+    for mode in ("fused", "fused --sync-compile", "compile", "debug"):
+        got = train(cells, GPT2_DROPOUT, precision, mode)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(got, expected, strict=True))
+        assert worst <= TOLERANCE[precision], f"{mode}: {got}\nstrict: {expected}"
+        assert cells.value("drawn_next") == drawn, f"{mode}: the random stream after the loop moved"
+
+
 def test_a_compile_cell_says_what_it_ran_uncompiled(cells) -> None:
     cells.ok(GPT2_ADAMW.build)
     ran = cells.run(f"%%tpu_mode compile\n{GPT2_ADAMW.train}")
@@ -142,19 +155,27 @@ def test_generation_gives_strict_tokens_in_every_mode(cells) -> None:
         cells.record(workload="generate", precision="fp32", mode=mode, seconds=round(ran.seconds, 3))
 
 
+#: The step, then a look (no read: a read would run the deferred graph itself) at whether the
+#: chip computes the updated weights, for up to a minute: handed over, they are computed
+#: without waiting for anything more; left deferred, never.
 STEP_THEN_LOOK = """
+import time
 from torch_tpu._internal.sync import is_materialized
 loss = model(input_ids=ids, labels=ids).loss
 loss.backward()
 optimizer.step()
-ran_after_step = is_materialized(next(model.parameters()))
+weight, handed_over = next(model.parameters()), time.monotonic() + 60
+while not is_materialized(weight) and time.monotonic() < handed_over:
+    time.sleep(0.05)
+ran_after_step = is_materialized(weight)
 optimizer.zero_grad()
 """
 
 
 def test_a_fused_cells_optimizer_step_runs_what_was_deferred(cells) -> None:
     """TorchTPU does not know where a training step ends: a loop that read no value grew one
-    deferred graph across its steps (0.2x strict). In a fused cell each optimizer step ends it."""
+    deferred graph across its steps (0.2x strict). In a fused cell each optimizer step ends it,
+    handing it to the chip without waiting for it (the host goes on to the next step)."""
     cells.ok(GPT2_ADAMW.build)
     cells.ok(f"%%tpu_mode fused\n{STEP_THEN_LOOK}")
     assert cells.value("ran_after_step") is True

@@ -94,6 +94,18 @@ GPT2_ADAMW = Workload(
     train=lm_steps(),
 )
 
+#: GPT-2 with HF's default dropout (after the embeddings, each attention and MLP, and inside
+#: attention), the random stream seeded in the loop's cell: every mode must draw strict's masks.
+GPT2_DROPOUT = Workload(
+    "gpt2-dropout",
+    build=GPT2.replace("resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0", "")
+    + TOKENS
+    + "optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)\n",
+    train="torch.manual_seed(5)\n"
+    + lm_steps()
+    + "drawn_next = torch.rand(3, device=DEVICE).cpu().tolist()\n",
+)
+
 LLAMA_ADAM = Workload(
     "llama",
     build=LLAMA

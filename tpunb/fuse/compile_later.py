@@ -93,6 +93,11 @@ class CompileLater:
         """Whether a graph it made still waits for (or is in) its compile."""
         return any(c.variant.state is VariantState.COMPILING for c in self.made)
 
+    @property
+    def all_compiled(self) -> bool:
+        """Whether every graph it made runs compiled (none refused, none still compiling)."""
+        return all(c.variant.done is not None and c.variant.done.fn is not None for c in self.made)
+
 
 #: What a released graph runs: nothing (its optimizer is gone).
 RELEASED = Compiled(fn=None, error="released: its optimizer is gone")

@@ -117,8 +117,11 @@ class TrainedModules:
             weakref.WeakKeyDictionary()
         )
         self._steps: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
-        #: the seconds its steps took before it turned hot, first call to the step's end
+        #: the seconds its steps took before it turned hot, each from the end of the step before
+        #: it in the same scope (the read that waits for the chip falls between two steps), or
+        #: from its first call
         self._spent: weakref.WeakKeyDictionary[torch.nn.Module, float] = weakref.WeakKeyDictionary()
+        self._last_step_end: weakref.WeakKeyDictionary[torch.nn.Module, float] = weakref.WeakKeyDictionary()
         #: the hot ones, with their backends (what they made: ``compiling``, errors)
         self.hot: weakref.WeakKeyDictionary[torch.nn.Module, CompileLater] = weakref.WeakKeyDictionary()
         #: calls run compiled, and run as captured while compiling, by module class (counters)
@@ -144,6 +147,7 @@ class TrainedModules:
             handle.remove()
             self._active = False
             self._trained_since_step.clear()
+            self._last_step_end.clear()
             self.cache.emit_warnings()
 
     def close(self) -> None:
@@ -173,7 +177,9 @@ class TrainedModules:
             ):
                 continue
             self._steps[module] = self._steps.get(module, 0) + 1
-            self._spent[module] = self._spent.get(module, 0.0) + now - first_call
+            began = self._last_step_end.get(module, first_call)
+            self._spent[module] = self._spent.get(module, 0.0) + now - began
+            self._last_step_end[module] = now
             paid = self._sync or self._spent[module] >= self.pays_off_after_s
             if self._steps[module] >= HOT_STEPS_AFTER and paid and self.eligible(module):
                 self._make_hot(module)
@@ -217,7 +223,10 @@ class TrainedModules:
                 except torch._dynamo.exc.TorchDynamoException as error:  # raised while capturing: nothing ran
                     self._refuse(module, error)
                 else:
-                    (self.captured_calls if backend.compiling else self.compiled_calls)[name] += 1
+                    if backend.compiling:
+                        self.captured_calls[name] += 1
+                    elif backend.all_compiled:
+                        self.compiled_calls[name] += 1
                     if self.publish is not None:
                         self.publish(call_row(name, backend, len(backend.made) > graphs, started))
                     return out

@@ -1,14 +1,15 @@
 """What fused cells on TorchTPU compile beside DEFER_AND_FUSE: a module trained again and again,
 whole, by TorchTPU's ``"tpu"`` compiler (fuse/trained_modules.py), with compile mode's rules
 (torchtpu_compile.py: a graph with a tensor off the chip is not handed to TorchTPU, HF's
-attention masks are made op by op), unless its graph draws random numbers or the module holds
-a BatchNorm (``without_batchnorm``).
+attention masks are made op by op), unless the module holds a BatchNorm (``without_batchnorm``).
 
-TorchTPU's compiler draws a compiled graph's random numbers its own way, and strict draws them
-op by op from the chip's generator: a compiled dropout would change what the user's model
-trains on. So a graph that draws (dropout with a rate above zero and training on, ``torch.rand``
-and its kin, in-place random fills) runs as Dynamo captured it, op by op, under the cell's
-DEFER_AND_FUSE, and the cell says why once.
+Random draws need nothing more: TorchTPU lowers a compiled graph's random ops through its eager
+kernels, the chip's generator state threaded through the graph in the order the graph draws,
+so a compiled dropout draws strict's masks. Measured on a v5e (HF GPT-2, 2 layers, 128 wide,
+its default dropout in the embeddings, the attention and the residuals; 3 AdamW steps after
+``torch.manual_seed``): ``torch.compile(model, backend="tpu")`` gave strict's losses within
+3.6e-6 (fp32) and 9.2e-5 (bf16) and left the generator where strict leaves it (the next
+``torch.rand`` equal); a compiled ``x + torch.rand_like(x)`` equals eager's bit for bit.
 """
 
 from __future__ import annotations
@@ -28,83 +29,6 @@ from tpunb.runtimes.torchtpu_compile import attention_mask_files, off_device, ru
 #: step against 25.5 s under DEFER_AND_FUSE alone (strict: 8.6 s); once compiled, a step took 30
 #: ms against DEFER_AND_FUSE's 70.
 TPU_COMPILE_COST_S = 30.0
-#: Functions that draw random numbers, as Dynamo's graphs name them.
-RANDOM_FUNCTIONS = frozenset(
-    {
-        "rand",
-        "randn",
-        "randint",
-        "rand_like",
-        "randn_like",
-        "randint_like",
-        "randperm",
-        "bernoulli",
-        "normal",
-        "multinomial",
-        "poisson",
-    }
-)
-#: Dropouts: random only at a rate above zero in training (their rate, their training flag).
-DROPOUTS = frozenset(
-    {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"}
-)
-#: Tensor methods that fill in place with random numbers.
-RANDOM_METHODS = frozenset(
-    {
-        "bernoulli",
-        "bernoulli_",
-        "uniform_",
-        "normal_",
-        "random_",
-        "exponential_",
-        "geometric_",
-        "log_normal_",
-        "cauchy_",
-    }
-)
-
-
-def _argument(node: torch.fx.Node, position: int, name: str, default: Any) -> Any:
-    if name in node.kwargs:
-        return node.kwargs[name]
-    return node.args[position] if len(node.args) > position else default
-
-
-def draws_random(graph: torch.fx.GraphModule) -> str | None:
-    """What in ``graph`` (a Dynamo graph of torch functions) draws random numbers, or None."""
-    for node in graph.graph.nodes:
-        name = getattr(node.target, "__name__", str(node.target))
-        if node.op == "call_method" and node.target in RANDOM_METHODS:
-            return f"Tensor.{node.target}"
-        if node.op != "call_function":
-            continue
-        if name in RANDOM_FUNCTIONS:
-            return name
-        if name in DROPOUTS and _argument(node, 1, "p", 0.5) != 0 and _argument(node, 2, "training", True):
-            return name
-        if name == "scaled_dot_product_attention" and _argument(node, 4, "dropout_p", 0.0) != 0:
-            return "scaled_dot_product_attention with dropout"
-    return None
-
-
-class DrawsRandom(RuntimeError):
-    """A graph left uncompiled because it draws random numbers (the message says which op)."""
-
-
-def refusing_random(backend: Compile) -> Compile:
-    """``backend`` (a Dynamo backend that compiles forward and backward) for the graphs that
-    draw no random numbers; one that draws is refused (``DrawsRandom``) and runs as captured."""
-
-    def compile_training(graph: torch.fx.GraphModule, examples: list[Any]) -> Callable[..., Any]:
-        random = draws_random(graph)
-        if random is not None:
-            raise DrawsRandom(
-                f"left as captured, op by op: it draws random numbers ({random}), and compiled "
-                "for the chip it would not draw what strict mode draws"
-            )
-        return backend(graph, examples)
-
-    return compile_training
 
 
 def on_the_chip_only(backend: Compile) -> Compile:
@@ -125,11 +49,10 @@ class OffTheChip(RuntimeError):
 
 
 def tpu_training_compiler() -> Compile:
-    """TorchTPU's ``"tpu"`` Dynamo backend (it runs AOTAutograd itself), for graphs on the chip
-    that draw no random numbers."""
+    """TorchTPU's ``"tpu"`` Dynamo backend (it runs AOTAutograd itself), for graphs on the chip."""
     from torch._dynamo.backends.registry import lookup_backend
 
-    return refusing_random(on_the_chip_only(lookup_backend("tpu")))
+    return on_the_chip_only(lookup_backend("tpu"))
 
 
 def hot_call_settings() -> contextlib.AbstractContextManager[None]:
