@@ -110,8 +110,8 @@ def test_a_model_trained_in_fused_cells_runs_compiled_whole_as_strict_trains(cel
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_dropout_draws_strict_masks_in_every_mode(cells, precision: str) -> None:
-    """Strict's losses and the random stream after the loop, the model compiled whole (fused,
-    its masks drawn op by op: fuse/dropout_masks.py) or not."""
+    """Strict's losses and the random stream after the loop, the model compiled whole (fused with
+    ``--sync-compile``, compile) or not: TorchTPU's compiled dropout draws what strict draws."""
     expected = train(cells, GPT2_DROPOUT, precision, "strict")
     drawn = cells.value("drawn_next")
     for mode in ("fused", "fused --sync-compile", "compile", "debug"):

@@ -1,6 +1,6 @@
 """Compile mode's TorchTPU rules, driven through the real Dynamo on the CPU: which graphs reach
 the device's compiler, and what a compile cell keeps out of the graph. (On a chip:
-tests/tpu/test_tpu_compile.py.)"""
+tests/tpu/test_tpu_training.py.)"""
 
 from __future__ import annotations
 

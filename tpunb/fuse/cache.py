@@ -7,7 +7,8 @@ skeleton, *variants* differ only in the float values baked in. A float is specia
 that slot is lifted into an input, so a schedule or a bias correction costs one extra
 compile, not one per step.
 
-A group compiles on its *second* sighting: the first runs by replay, and a group seen once
+A group compiles on its *second* sighting (unless plan.py says it never pays: tiny,
+warming, storming, once a cell): the first runs by replay, and a group seen once
 (a setup cell, an evaluation) never costs a compile; by the second, a float that varies per
 step (Adam's bias corrections) has shown it varies, so it is lifted before the only compile
 rather than after a wasted one. Compiles never block a cell unless asked (``sync_compile``:

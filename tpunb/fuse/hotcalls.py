@@ -41,7 +41,7 @@ a module is hot from its first call there (``plan_call``); with ``--sync-compile
 hot from its ``HOT_AFTER``-th call. Once a regime has run compiled, its calls stay compiled.
 
 The calls before it turns hot are recorded as usual, but the traces they touch are marked
-*warming* and their groups are not compiled (engine.py): they will not come back, so their
+*warming* and their groups are not compiled (plan.py): they will not come back, so their
 compiles (one per distinct layer group of each of the first calls, seconds each) would only
 keep the compile worker busy, and a ``generate()`` call would count them. A training module's
 first step is warming to its end (its loss, backward and gradient clip too), until the
@@ -65,8 +65,9 @@ it (a batch drawn, the loss, ``backward()``) runs as eager PyTorch, and an optim
 now plain parameters steps eagerly, then compiled whole (hotsteps.py). Its backward runs as
 its forward did, on plain tensors outside recording (hot_backward.py).
 
-The first hot call compiles synchronously, as compile mode does (seconds; Dynamo compiles
-on the calling thread). A graph the engine's compiler (compilers.py) fails to compile runs as
+A hot inference call, once paid for, compiles in the call, as compile mode does (seconds;
+Dynamo compiles on the calling thread); a training call's graphs compile on the worker
+(compile_later.py). A graph the engine's compiler (compilers.py) fails to compile runs as
 Dynamo captured it, op by op (``compiled_or_captured``), with a warning: slower, never wrong. (Dynamo's own
 ``suppress_errors`` would do the same for its errors, but patching it around every call
 costs 250 us a call here.) An error of Dynamo itself turns the module's hot call off, with
@@ -128,7 +129,7 @@ class HotCalls:
         self._turning: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         #: inside an outermost call of a module that is compiled whole from its next call or
         #: soon, or between a training call and the step that makes its module hot: what is
-        #: recorded now will not be recorded again (engine.py: not compiled)
+        #: recorded now will not be recorded again (plan.py: not compiled)
         self.warming = False
         #: the last outermost call was a training call counted toward hot (``CallAction.WARM``):
         #: the rest of its step is warming too

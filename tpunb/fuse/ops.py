@@ -1,8 +1,8 @@
 """Facts about an aten op that the engine needs on every call, computed once per op.
 
 Schema walks cost microseconds; the engine records an op in a few, so everything it asks
-of a schema (which arguments it writes, which returns alias which argument, whether it is
-whether its floats shape its outputs, whether it is random) is read once here and cached by overload.
+of a schema (which arguments it writes, which returns alias which argument, whether its
+floats shape its outputs, whether it is random) is read once here and cached by overload.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ as before, so fusing the user's own computations is unchanged. A factory (no ten
 argument: ``torch.arange``, ``torch.full``) runs at once too: its small results are tagged,
 big ones become materialized wrappers, as an eager op's results do (a group reads them as
 inputs). So does ``torch.tensor(data)`` (``lift_fresh``). The results of a *tiny* group (``tiny``),
-which replays op by op and never compiles (engine.py), are settled like an eager op's. Ops
+which replays op by op and never compiles (plan.py), are settled like an eager op's. Ops
 that write an argument, draw random numbers, or are flush boundaries keep their rules
-(engine.py).
+(engine.py, flush.py).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def small(value: Any) -> bool:
 
 
 def tiny(trace: Trace) -> bool:
-    """Whether a group is too small to repay a compile (engine.py: it never compiles, and its
+    """Whether a group is too small to repay a compile (plan.py: it never compiles, and its
     results are settled): few ops, and every tensor it reads or makes (intermediates too) small."""
     return (
         len(trace.ops) <= TINY_OPS

@@ -9,10 +9,12 @@ captured graph run at once, the compile on tpunb's worker thread, swapped in whe
 28 ms: 4.2x and 4.7x strict, its losses DEFER_AND_FUSE's within 3e-4 over 12 steps. TorchTPU's
 compiler ran off the notebook thread without error.
 
-A module turns hot as on the native runtime's hot path: called outermost with grad in train
-mode, then stepped by an optimizer that holds its parameters, ``HOT_STEPS_AFTER`` times, once
-its steps have taken ``pays_off_after_s`` (rent or buy: what capturing and compiling it costs
-the notebook; the runtime says how much), in one cell or across cells. A short cell therefore
+A module turns hot once it has been called outermost with grad in train mode and then stepped
+by an optimizer that holds its parameters ``HOT_STEPS_AFTER`` times (plan.py's count for hot
+optimizer steps), and its steps have taken ``pays_off_after_s`` (rent or buy: what capturing
+and compiling it costs the notebook; the runtime says how much; a step's time runs from the end
+of the step before it in the same scope, so the wait where the loop reads a value counts), in
+one cell or across cells. A short cell therefore
 runs as it did without this, and a long training loop pays at most about twice. With
 ``--sync-compile`` it turns hot at its ``HOT_STEPS_AFTER``-th step and its call waits for the
 compile. From then on its calls in that regime, in fused cells, go through Dynamo with

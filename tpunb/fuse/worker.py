@@ -1,6 +1,6 @@
 """The compile worker: one background thread that compiles fused groups.
 
-A group compiles on its second sighting while the notebook keeps running: the main thread
+A group compiles on its second sighting (plan.py's rule) while the notebook keeps running: the main thread
 replays the group op by op meanwhile. One worker (compiles are seconds of CPU each, and
 Inductor's state is process-wide) that takes Dynamo's compile lock, and shortens the
 interpreter's thread switch interval while it works so replay on the main thread keeps pace.
