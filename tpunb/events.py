@@ -65,6 +65,7 @@ class CellRun(Record):
     precision: str = "fp32"  # the reduced precisions it ran in (%tpu_precision), else fp32
     compile_waited_s: float = 0.0  # compile mode: waited for fused groups compiling in the background
     storm: str | None = None  # compile mode: the recompile storm stopped in the cell
+    peak_flops: float | None = None  # the device's peak FLOP/s, where its MFU is reported
 
 
 class GroupStatus(StrEnum):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from tpunb.events import CellRun
 from tpunb.modes import MODE_DESCRIPTIONS, Mode
-from tpunb.runtimes import COMPILED_WHOLE, UNCOMPILED, WHILE_COMPILING, MemoryInfo
+from tpunb.runtimes import COMPILED_WHOLE, MODEL_FLOPS, UNCOMPILED, WHILE_COMPILING, MemoryInfo
 
 if TYPE_CHECKING:  # report formats what the session holds; it never drives one
     from tpunb.session import Session
@@ -90,6 +90,8 @@ def cell_summary(record: CellRun) -> str:
         counted = counted_part(record.counters, prefix)
         if counted:
             parts.append(counted)
+    if record.counters.get(MODEL_FLOPS, 0) > 0 and record.wall_s > 0:
+        parts.append(model_flops_part(record.counters[MODEL_FLOPS] / record.wall_s, record.peak_flops))
     if record.groups:
         parts.append(f"{record.groups} group{'s' if record.groups != 1 else ''}")
     if record.recompiles:
@@ -115,6 +117,14 @@ def counted_part(counters: dict[str, float], prefix: str) -> str | None:
             noun = f"{head}s {rest}" if count != 1 else f"{head} {rest}"
             counted.append(f"{int(count)} {noun.strip()}")
     return f"{prefix}{', '.join(counted)}" if counted else None
+
+
+def model_flops_part(rate: float, peak: float | None) -> str:
+    """The FLOP/s a cell's compiled model calls ran, over the cell's time, against the device's
+    peak where known (model FLOPs utilization): ``MFU 19.3 % (38.0 of 197 TFLOP/s)``."""
+    if peak:
+        return f"MFU {100 * rate / peak:.1f} % ({rate / 1e12:.1f} of {peak / 1e12:.0f} TFLOP/s)"
+    return f"{rate / 1e12:.2f} TFLOP/s in compiled model calls"
 
 
 def storm_line(storm: str) -> str:

@@ -36,6 +36,7 @@ from tpunb.modes import Mode, ModeConfig
 from tpunb.reserved_calls import reserved_call_advice
 from tpunb.runtimes import (
     CPU_FALLBACK,
+    MODEL_FLOPS,
     CacheStats,
     ModeUnavailable,
     Runtime,
@@ -328,6 +329,7 @@ class Session:
             recompiles=_first_reasons([reason for r in compiled for reason in r.recompile_reasons]),
             counters=counters,
             precision=precision,
+            peak_flops=self.runtime.peak_flops() if counters.get(MODEL_FLOPS) else None,
             compile_waited_s=sum(r.waited_ms for r in compiled) / 1000,
             storm=next((r.storm for r in compiled if r.storm), None),
             slower=measured

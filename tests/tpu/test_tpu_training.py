@@ -106,6 +106,7 @@ def test_a_model_trained_in_fused_cells_runs_compiled_whole_as_strict_trains(cel
     assert again.summary is not None and "compiled whole: 6 calls of GPT2LMHeadModel" in again.summary, (
         again.output
     )
+    assert " · MFU " in again.summary and " of 197 TFLOP/s)" in again.summary, again.summary
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

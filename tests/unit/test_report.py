@@ -3,7 +3,7 @@ from __future__ import annotations
 from tpunb.advice import CellTimes, fused_overhead, fused_slower
 from tpunb.events import CellRun, FusionGroup
 from tpunb.report import cell_summary, format_bytes, format_memory
-from tpunb.runtimes import MemoryInfo
+from tpunb.runtimes import MODEL_FLOPS, MemoryInfo
 
 
 def test_bytes_read_naturally_and_unknown_is_not_zero():
@@ -55,6 +55,19 @@ def test_a_fused_cell_says_which_model_ran_compiled_whole():
     assert line == (
         "[tpunb] fused · 1.23 s · compiled whole: 9 calls of GPT2LMHeadModel · "
         "ran as captured while compiling: 1 call of GPT2LMHeadModel · cache 4 hit / 0 miss"
+    )
+
+
+def test_a_fused_cell_gives_its_compiled_models_flop_rate_against_the_devices_peak():
+    """MFU: the compiled calls' FLOPs over the cell's seconds, against the chip's peak."""
+    counters = {"compiled whole: call of GPT2LMHeadModel": 10, MODEL_FLOPS: 0.5 * 197e12 * 1.234}
+    line = cell_summary(run(mode="fused", counters=counters, peak_flops=197e12))
+    assert line == (
+        "[tpunb] fused · 1.23 s · compiled whole: 10 calls of GPT2LMHeadModel · "
+        "MFU 50.0 % (98.5 of 197 TFLOP/s)"
+    )
+    assert cell_summary(run(mode="fused", counters=counters)).endswith(
+        " · 98.50 TFLOP/s in compiled model calls"
     )
 
 

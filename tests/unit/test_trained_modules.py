@@ -193,6 +193,32 @@ def captured(module: torch.nn.Module, *args) -> torch.fx.GraphModule:
     return graphs[0]
 
 
+def eager_training_flops(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """What the model's forward and backward compute, counted as they run eagerly."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        model(x).pow(2).mean().backward()
+    model.zero_grad()
+    return counter.get_total_flops()
+
+
+def test_compiled_calls_add_the_flops_of_their_forward_and_backward(trained):
+    """For the cell's MFU (a frozen layer gets no weight gradient: fewer FLOPs)."""
+    model, frozen = fresh(), fresh()
+    frozen.a.weight.requires_grad_(False)
+    for one in (model, frozen):
+        expected = eager_training_flops(one, torch.ones(4, 8))
+        loop = Loop(one)
+        with trained.scope(sync_compile=True):
+            before = trained.model_flops
+            loop.run(3)  # the second call is captured and compiled in it; the third runs compiled
+            assert trained.compiled_calls["Model"] >= 1
+            assert trained.model_flops - before == expected * trained.compiled_calls["Model"]
+        trained.compiled_calls.clear()
+    assert eager_training_flops(frozen, torch.ones(4, 8)) < eager_training_flops(model, torch.ones(4, 8))
+
+
 def test_a_graph_off_the_chip_is_not_handed_to_the_chips_compiler():
     graph = captured(Model(0.0), torch.ones(2, 8))
     with pytest.raises(OffTheChip, match="tensors off the TPU"):

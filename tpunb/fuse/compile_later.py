@@ -26,6 +26,7 @@ import torch
 
 from tpunb.fuse.cache import Compiled, GraphCache, Variant, VariantState
 from tpunb.fuse.compilers import Compile
+from tpunb.fuse.flops import training_flops
 from tpunb.fuse.graph import never_compiled
 from tpunb.fuse.workarounds import config_values, skip_dynamo_in
 
@@ -63,20 +64,33 @@ class GraphRuns:
 
     def __init__(self) -> None:
         self.count = 0
+        #: FLOPs of the compiled runs among them, where the backend counts them (``count_flops``)
+        self.flops = 0.0
 
 
 class CompileLater:
     """A Dynamo backend whose graphs ``compile`` compiles on ``cache``'s worker under ``name``
-    (the hot call's group key); with ``wait()`` true (``sync_compile``) the call waits for them."""
+    (the hot call's group key); with ``wait()`` true (``sync_compile``) the call waits for them;
+    with ``count_flops``, each graph's training FLOPs are counted before its compile (flops.py)
+    and its compiled runs add them to ``runs.flops``."""
 
     def __init__(
-        self, cache: GraphCache, name: str, wait: Callable[[], bool], runs: GraphRuns, compile: Compile
+        self,
+        cache: GraphCache,
+        name: str,
+        wait: Callable[[], bool],
+        runs: GraphRuns,
+        compile: Compile,
+        count_flops: bool = False,
     ) -> None:
         self.cache, self.name, self.wait, self.runs, self.compile = cache, name, wait, runs, compile
+        self.count_flops = count_flops
         self.made: list[CompiledLater] = []
 
     def __call__(self, graph: torch.fx.GraphModule, examples: list[Any]) -> Callable[..., Any]:
-        compiled = CompiledLater(self.cache, self.name, graph, examples, self.wait(), self.runs, self.compile)
+        compiled = CompiledLater(
+            self.cache, self.name, graph, examples, self.wait(), self.runs, self.compile, self.count_flops
+        )
         self.made.append(compiled)
         return compiled
 
@@ -126,9 +140,11 @@ class CompiledLater:
         wait: bool,
         runs: GraphRuns,
         compile: Compile,
+        count_flops: bool = False,
     ) -> None:
         self.graph: torch.fx.GraphModule | None = graph
         self.runs = runs
+        self.flops = 0.0  # one run's, once counted (count_flops)
         self.variant = Variant(lifted={})
         reason = never_compiled(graph)
         if reason is not None:  # it runs as captured, for good
@@ -144,6 +160,8 @@ class CompiledLater:
         def job() -> tuple[Callable[..., Any], str]:
             with torch._guards.tracing(context), torch.set_grad_enabled(grad), autograd_as_eager():
                 code = graph.code  # (before the compiler rewrites it)
+                if count_flops:
+                    self.flops = training_flops(graph, examples) or 0.0
                 compiled = compile(graph, examples)
             fakes.clear()
             return compiled, code
@@ -157,6 +175,7 @@ class CompiledLater:
         self.runs.count += 1
         done = self.variant.done
         if done is not None and done.fn is not None:
+            self.runs.flops += self.flops
             return done.fn(*args)
         if self.graph is None:
             raise RuntimeError(

@@ -129,6 +129,8 @@ class TrainedModules:
         #: calls run compiled, and run as captured while compiling, by module class (counters)
         self.compiled_calls: Counter[str] = Counter()
         self.captured_calls: Counter[str] = Counter()
+        #: FLOPs the compiled calls ran, forward and backward (flops.py), for the cell's MFU
+        self.model_flops = 0.0
         #: those Dynamo failed to capture: never hot again
         self.refused: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
@@ -191,7 +193,7 @@ class TrainedModules:
         """From the module's next training call in a fused scope, its calls in that regime run
         compiled whole (``nn.Module.compile``'s place for a compiled call, behind a check)."""
         backend = CompileLater(
-            self.cache, type(module).__name__, lambda: self._sync, GraphRuns(), self.compile
+            self.cache, type(module).__name__, lambda: self._sync, GraphRuns(), self.compile, count_flops=True
         )
         self.hot[module] = backend
         compiled = torch.compile(module._call_impl, backend=backend, dynamic=False)
@@ -218,7 +220,7 @@ class TrainedModules:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if self._active and in_training(module):
-                graphs, started = len(backend.made), time.perf_counter()
+                graphs, flops, started = len(backend.made), backend.runs.flops, time.perf_counter()
                 try:
                     with self.hooks.lifted(), self.around_compiled():
                         out = compiled(*args, **kwargs)
@@ -229,6 +231,7 @@ class TrainedModules:
                         self.captured_calls[name] += 1
                     elif backend.all_compiled:
                         self.compiled_calls[name] += 1
+                    self.model_flops += backend.runs.flops - flops
                     if self.publish is not None:
                         self.publish(call_row(name, backend, len(backend.made) > graphs, started))
                     return out

@@ -11,6 +11,7 @@ from tpunb.events import Record
 from tpunb.runtimes.base import (
     COMPILED_WHOLE,
     CPU_FALLBACK,
+    MODEL_FLOPS,
     UNCOMPILED,
     WHILE_COMPILING,
     CacheDirError,
@@ -33,6 +34,7 @@ __all__ = [
     "ADAPTERS",
     "COMPILED_WHOLE",
     "CPU_FALLBACK",
+    "MODEL_FLOPS",
     "PACKAGES",
     "UNCOMPILED",
     "WHILE_COMPILING",

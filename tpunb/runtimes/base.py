@@ -88,6 +88,11 @@ class Runtime(Protocol):
         """Start a new peak window; False when peaks cannot be reset (per-cell peak unknown)."""
         ...
 
+    def peak_flops(self) -> float | None:
+        """The device's peak FLOP/s for the figures the summary's MFU is quoted against (a
+        TPU's bf16 peak), or None where the runtime does not know it."""
+        ...
+
     def cache_stats(self) -> CacheStats:
         """The compile-cache counters."""
         ...
@@ -165,6 +170,8 @@ UNCOMPILED = "ran uncompiled: "
 #: captured while its compile was under way.
 COMPILED_WHOLE = "compiled whole: "
 WHILE_COMPILING = "ran as captured while compiling: "
+#: ``Runtime.counters`` key: the FLOPs those compiled calls ran, forward and backward.
+MODEL_FLOPS = "model FLOPs compiled whole"
 
 
 class CacheDirError(ValueError):

@@ -104,6 +104,9 @@ class NativeRuntime:
             return True
         return False
 
+    def peak_flops(self) -> float | None:
+        return None  # nothing here compiles a model whole and counts its FLOPs (MODEL_FLOPS)
+
     def cache_stats(self) -> CacheStats:
         counters = self.engine.cache.counters
         return CacheStats(counters.requests, counters.hits, counters.misses, counters.compiles)

@@ -36,6 +36,7 @@ from tpunb.fuse.trained_modules import TrainedModules, global_hooks_warning
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import (
     COMPILED_WHOLE,
+    MODEL_FLOPS,
     UNCOMPILED,
     WHILE_COMPILING,
     CacheDirError,
@@ -160,6 +161,7 @@ class TorchTpuRuntime:
         self._compiler: DeviceGuardedBackend | None = None  # made at the first compile
         self._optimizer_steps = OptimizerSteps()
         self._trained_modules: TrainedModules | None = None  # made at the first fused cell on a chip
+        self._peak_flops: float | None = None  # read once, at the first cell that reports MFU
         self._recovery = TpuRecovery(torch)
         self._keep_compiles_by_default()
         if self.present:  # TorchTPU 0.2.0 leaves BatchNorm's running statistics out (torchtpu_batchnorm.py)
@@ -286,6 +288,16 @@ class TorchTpuRuntime:
         self._torch.accelerator.reset_peak_memory_stats()
         return True
 
+    def peak_flops(self) -> float | None:
+        """The chip's bf16 peak, from TorchTPU's table of TPU generations (197 TFLOP/s on a v5e)."""
+        if not self.present:
+            return None
+        if self._peak_flops is None:
+            from torch_tpu._internal.utils import hardware
+
+            self._peak_flops = float(hardware.get_bf16_flops_per_device())
+        return self._peak_flops
+
     # --- the compile cache ------------------------------------------------------------------
 
     def _perf_stats(self) -> Any:
@@ -333,6 +345,7 @@ class TorchTpuRuntime:
                 (WHILE_COMPILING, self._trained_modules.captured_calls),
             ):
                 counts.update({f"{prefix}call of {name}": count for name, count in calls.items()})
+            counts[MODEL_FLOPS] = self._trained_modules.model_flops
         stats = self._perf_stats()
         if stats is None:
             return counts

@@ -269,6 +269,9 @@ class XlaRuntime:
     def reset_peak_memory(self) -> bool:
         return False  # torch_xla cannot reset its peak (pytorch/xla#8900)
 
+    def peak_flops(self) -> float | None:
+        return None  # nothing here compiles a model whole and counts its FLOPs (MODEL_FLOPS)
+
     # --- compiling --------------------------------------------------------------------------
 
     def compile_function(self, fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
