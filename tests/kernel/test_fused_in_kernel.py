@@ -115,7 +115,7 @@ def test_compile_cache_directory_holds_the_compiled_groups(kernel, tmp_path):
     shown = kernel.run(f"%tpu_cache {target}")
     assert shown.error is None and str(target) in shown.stdout
     cell = "%%tpu_mode fused --sync-compile\nz = (torch.randn(300, 300) * 3 + 2).tanh().sum().item()"
-    result = kernel.run(cell)  # (not a tiny group, which would never compile: settled.TINY_OPS)
+    result = kernel.run(cell)  # (not a tiny group, which would never compile: config.TINY_OPS)
     assert result.error is None, result.error
     assert any(path.is_file() for path in target.rglob("*")), "the compiled group was not cached on disk"
     bad = kernel.run("%tpu_cache /proc/forbidden/cache")

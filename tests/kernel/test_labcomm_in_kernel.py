@@ -160,7 +160,7 @@ def test_the_side_panel_gets_the_monitor_view_and_live_ticks(fresh_kernel: Kerne
     assert "export default" in view["esm"] and "render" in view["esm"] and ".tpunb" in view["css"]
     assert fresh_kernel.run("tpunb.monitor()").error is None  # a notebook widget beside the panel
     assert tpunb_threads(fresh_kernel).count("tpunb-sampler") == 1  # one sampler feeds the status, both
-    # (256 x 256: a group on tiny tensors would never compile, settled.TINY_OPS)
+    # (256 x 256: a group on tiny tensors would never compile, config.TINY_OPS)
     loop = "w = torch.randn(256, 256)\nfor _ in range(3):\n    y = (w @ w).relu().sum().item()"
     run = fresh_kernel.run(loop)
     assert run.error is None, run.error

@@ -76,7 +76,7 @@ def test_monitor_sends_a_groups_graph_on_request(kernel):
     shown = kernel.run("%tpu_monitor")
     model_id = widget_id(shown)
     cell = "%%tpu_mode fused --sync-compile\ny = (torch.randn(256, 256) * 2 + 1).relu().sum().item()"
-    ran = kernel.run(cell)  # (not a tiny group, which would never compile: settled.TINY_OPS)
+    ran = kernel.run(cell)  # (not a tiny group, which would never compile: config.TINY_OPS)
     assert ran.error is None, ran.error
     key = kernel.value("tpunb.stats()['groups'][-1]['key']")
     kernel.client.comm_msg = None  # jupyter_client has no comm helper; send the raw message

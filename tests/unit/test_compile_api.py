@@ -81,7 +81,7 @@ def test_compiled_functions_run_while_a_fused_group_compiles_in_the_background()
     expected = (t.sin() * 2).sum()
     calls = 0
     for trial in range(3):
-        x = torch.randn(1200, 30 + trial)  # not tiny: a tiny group never compiles (settled.TINY_OPS)
+        x = torch.randn(1200, 30 + trial)  # not tiny: a tiny group never compiles (config.TINY_OPS)
         compiles_before = bus.count("compile")
         with tpunb.mode("fused"):
             for _ in range(2):

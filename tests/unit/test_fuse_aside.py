@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
-from tpunb.fuse.plan import HOT_AFTER
+from tpunb.fuse.config import HOT_AFTER
 
 WIDTH = 256  # wider than settled.py's small tensors, so recorded ops stay recorded
 

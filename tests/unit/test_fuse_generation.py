@@ -11,7 +11,8 @@ import torch
 from benchmarks.generate import build, generate_call
 from tpunb.events import EventBus
 from tpunb.fuse import FuseOptions, FusionEngine
-from tpunb.fuse.growing import GROWING_AFTER, GrowingInputs, steady_growth
+from tpunb.fuse.config import GROWING_AFTER
+from tpunb.fuse.growing import GrowingInputs, steady_growth
 from tpunb.fuse.trace import Trace
 
 REPLAY = FuseOptions(compile=False)

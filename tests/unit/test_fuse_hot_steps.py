@@ -20,8 +20,8 @@ from torch._dynamo.utils import counters
 
 from tpunb.events import EventBus
 from tpunb.fuse import FuseOptions, FusionEngine
+from tpunb.fuse.config import HOT_AFTER, HOT_STEPS_AFTER
 from tpunb.fuse.hotsteps import HotStep
-from tpunb.fuse.plan import HOT_AFTER, HOT_STEPS_AFTER
 
 SYNC = FuseOptions(sync_compile=True, hot_training=True)
 #: The first step (from 0) whose optimizer step runs compiled: the module is hot from its

@@ -25,9 +25,10 @@ from torch.utils.checkpoint import checkpoint
 
 from tpunb.events import EventBus, FusionGroup
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
+from tpunb.fuse.config import HOT_AFTER
 from tpunb.fuse.hotcalls import HotCall
 from tpunb.fuse.hotcode import architecture
-from tpunb.fuse.plan import HOT_AFTER, WARMING, Regime
+from tpunb.fuse.plan import WARMING, Regime
 from tpunb.fuse.whole_runs import UNTIL_PAID_FOR
 
 STEPS = HOT_AFTER + 4

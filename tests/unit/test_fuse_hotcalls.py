@@ -18,8 +18,9 @@ from torch._dynamo.utils import counters
 from benchmarks.generate import build, generate_call
 from tpunb.events import OPTIMIZER_STEP_SUFFIX, EventBus, GroupStatus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
+from tpunb.fuse.config import HOT_AFTER
 from tpunb.fuse.hotcalls import HotCall
-from tpunb.fuse.plan import HOT_AFTER, Regime
+from tpunb.fuse.plan import Regime
 from tpunb.fuse.worker import COMPILER_BUSY
 
 # groups compile in the background, hot calls and steps from their first hot run: as in a notebook

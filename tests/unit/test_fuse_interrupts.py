@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tpunb.fuse import FuseOptions, FusionEngine, interrupts
+from tpunb.fuse import FuseOptions, FusionEngine, config
 
 REPLAY = FuseOptions(compile=False)  # the bookkeeping is the same; replay keeps each trial fast
 ENGINE_FILES = "/tpunb/fuse/"
@@ -156,12 +156,12 @@ class InterruptedInFinalizer:
             pass
 
 
-@pytest.mark.parametrize("resend_after_s", [interrupts.RESEND_AFTER_S, 0.0])
+@pytest.mark.parametrize("resend_after_s", [config.RESEND_AFTER_S, 0.0])
 def test_an_interrupt_a_finalizer_swallowed_still_stops_the_cell(monkeypatch, resend_after_s):
     """With no delay the interrupt is sent again as soon as the sending thread runs: were the
     hook to start that thread (and wait for it to start), it would land in the hook, dropped
     again (as it was, now and then, on a loaded machine with the 1 ms delay)."""
-    monkeypatch.setattr(interrupts, "RESEND_AFTER_S", resend_after_s)
+    monkeypatch.setattr(config, "RESEND_AFTER_S", resend_after_s)
     engine = FusionEngine(torch.device("cpu"))
     hook = sys.unraisablehook
     waited = []

@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 
 from tpunb.events import EventBus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
-from tpunb.fuse.settled import SMALL_NUMEL
+from tpunb.fuse.config import SMALL_NUMEL
 
 REPLAY = FuseOptions(compile=False)  # the known path is the same with or without a compile
 COMPILED = FuseOptions(sync_compile=True, hot_training=False)  # the recorder's known path, compiled
 
 
-#: Rows enough for a group on them to compile (a tiny one would not: settled.TINY_OPS).
+#: Rows enough for a group on them to compile (a tiny one would not: config.TINY_OPS).
 WIDE = SMALL_NUMEL // 6 + 1
 
 

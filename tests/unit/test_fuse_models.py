@@ -24,7 +24,7 @@ import torch
 from benchmarks.hf_suite import build, loss_of
 from tpunb.events import EventBus, GroupStatus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
-from tpunb.fuse.plan import HOT_AFTER, HOT_STEPS_AFTER
+from tpunb.fuse.config import HOT_AFTER, HOT_STEPS_AFTER
 
 REPLAY = FuseOptions(compile=False)
 COMPILED = FuseOptions(sync_compile=True, hot_training=False)  # the recorder's groups, compiled

@@ -10,8 +10,9 @@ import torch
 
 from tpunb.events import FusionGroup
 from tpunb.fuse import FuseOptions, FusionEngine
+from tpunb.fuse.config import COMPARED_RUNS, COMPILE_COST_S
 from tpunb.fuse.payoff import Payoff
-from tpunb.fuse.plan import COMPARED_RUNS, COMPILE_COST_S, Regime
+from tpunb.fuse.plan import Regime
 from tpunb.fuse.whole_runs import UNTIL_PAID_FOR
 
 MS = 0.001

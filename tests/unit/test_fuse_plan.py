@@ -8,11 +8,8 @@ import dataclasses
 import pytest
 
 from tpunb.fuse.cache import VariantState
+from tpunb.fuse.config import COMPILE_COST_S, HOT_AFTER, HOT_SIGHTINGS, HOT_STEPS_AFTER
 from tpunb.fuse.plan import (
-    COMPILE_COST_S,
-    HOT_AFTER,
-    HOT_SIGHTINGS,
-    HOT_STEPS_AFTER,
     Action,
     CallAction,
     CallFacts,

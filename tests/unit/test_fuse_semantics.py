@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from tpunb.events import EventBus
 from tpunb.fuse import DeferredTensor, FusedOpError, FuseOptions, FusionEngine
-from tpunb.fuse.settled import SMALL_NUMEL
+from tpunb.fuse.config import SMALL_NUMEL
 
 REPLAY = FuseOptions(compile=False)
 

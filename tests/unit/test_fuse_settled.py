@@ -8,7 +8,8 @@ import torch
 
 from tpunb.events import EventBus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
-from tpunb.fuse.settled import SMALL_NUMEL, TAG, TINY_OPS
+from tpunb.fuse.config import SMALL_NUMEL, TINY_OPS
+from tpunb.fuse.settled import TAG
 
 REPLAY = FuseOptions(compile=False)
 
@@ -68,7 +69,7 @@ def test_a_big_factory_runs_at_once_as_an_eager_result_and_what_reads_it_records
 
 
 def test_a_tiny_groups_results_are_settled_a_bigger_groups_go_on_recording():
-    """A tiny group never compiles (settled.TINY_OPS): its results are as good as an eager op's."""
+    """A tiny group never compiles (config.TINY_OPS): its results are as good as an eager op's."""
     engine, _ = engine_and_bus()
     x = torch.randn(8)
     with engine.scope(REPLAY):

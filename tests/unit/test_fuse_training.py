@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from tpunb.events import EventBus
 from tpunb.fuse import FuseOptions, FusionEngine
-from tpunb.fuse.settled import SMALL_NUMEL, TINY_OPS
+from tpunb.fuse.config import SMALL_NUMEL, TINY_OPS
 
 #: The recorder's own groups, compiled: training calls are not compiled whole here
 #: (tests/unit/test_fuse_hot_training.py has those).
@@ -22,7 +22,7 @@ COMPILED = FuseOptions(sync_compile=True, hot_training=False)
 REPLAY = FuseOptions(compile=False)
 
 
-#: Elements of a tensor too big for a tiny group (settled.TINY_OPS): groups on it compile.
+#: Elements of a tensor too big for a tiny group (config.TINY_OPS): groups on it compile.
 WIDE = 2 * SMALL_NUMEL
 
 
@@ -92,7 +92,7 @@ def test_compiled_dropouts_draw_the_eager_numbers_after_layer_norm_and_batch_nor
     image = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Dropout2d(0.2), torch.nn.Dropout(0.1)
     )
-    # big enough for groups that compile (a tiny one would not: settled.TINY_OPS)
+    # big enough for groups that compile (a tiny one would not: config.TINY_OPS)
     inputs = {text: torch.randn(8, 128, 64), image: torch.randn(2, 3, 64, 64)}
     engine = FusionEngine(torch.device("cpu"))
     for model, x in inputs.items():

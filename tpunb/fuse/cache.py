@@ -31,13 +31,10 @@ from typing import Any
 import torch
 
 from tpunb.events import GroupStatus
+from tpunb.fuse import config
 from tpunb.fuse.worker import CompileWorker
 
 LIFTED = "<lifted>"  # stands for a lifted slot's value in a variant key (floats never equal it)
-
-#: Compiled graphs one op sequence may have (one per input shape) before new shapes replay
-#: until they prove hot: a recompile storm costs seconds per step, replay about what strict does.
-STORM_VARIANTS = 8
 
 
 class VariantState(enum.Enum):
@@ -162,7 +159,7 @@ class GraphCache:
         """Whether a sequence of ops (``family``: a hash of the ops alone) already has
         ``STORM_VARIANTS`` compiled graphs: then its new shapes replay instead of compiling."""
         with self._lock:
-            return self._families.get(family, 0) >= STORM_VARIANTS
+            return self._families.get(family, 0) >= config.STORM_VARIANTS
 
     def count_family(self, family: int) -> int:
         with self._lock:

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from tpunb.events import FusionGroup, GroupStatus
+from tpunb.fuse import config
 from tpunb.fuse.cache import (
     NOT_COMPILED,
-    STORM_VARIANTS,
     CompileJob,
     GraphCache,
     GroupKey,
@@ -42,7 +42,7 @@ from tpunb.fuse.growing import GrowingInputs
 from tpunb.fuse.ops import facts_by_id
 from tpunb.fuse.options import FuseOptions
 from tpunb.fuse.plan import Action, Decision, GroupFacts, plan
-from tpunb.fuse.record import MAX_ENDS, KnownSequences
+from tpunb.fuse.record import KnownSequences
 from tpunb.fuse.rng import rng_as_recorded
 from tpunb.fuse.settled import tiny
 from tpunb.fuse.trace import Input, Node, OpRecord, Ref, Trace, decoder, resolve
@@ -166,7 +166,7 @@ class GroupFlush:
         skeleton = GroupKey((tuple([op.key for op in trace.ops]), metas, outputs, trace.device))
         if end is not None:
             end.ends = end.ends if end.ends is not None else {}
-            if len(end.ends) < MAX_ENDS:
+            if len(end.ends) < config.MAX_ENDS:
                 end.ends[(metas, outputs)] = skeleton
         return skeleton
 
@@ -206,8 +206,8 @@ class GroupFlush:
         )
         decision = plan(facts)
         if decision.compiles:
-            if self.cache.count_family(family) == STORM_VARIANTS:
-                warn_storm(trace, STORM_VARIANTS)
+            if self.cache.count_family(family) == config.STORM_VARIANTS:
+                warn_storm(trace, config.STORM_VARIANTS)
             wait = decision.action is Action.COMPILE_AND_WAIT
             self.cache.compile(keyed.name, variant, compile_job(trace, outputs, variant), wait=wait)
         return decision

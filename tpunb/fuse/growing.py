@@ -20,10 +20,8 @@ from __future__ import annotations
 from types import CodeType
 from typing import Any
 
+from tpunb.fuse import config
 from tpunb.fuse.trace import Input, OpRecord, Trace
-
-#: Steady growths in a row before an op location runs outside groups.
-GROWING_AFTER = 3
 
 Location = tuple[Any, CodeType | None, int]  # (op overload, the user's code object, line)
 
@@ -62,7 +60,7 @@ class GrowingInputs:
                 last = self._runs.get(where)
                 count = last[1] + 1 if last is not None and last[0] == growth else 1
                 self._runs[where] = (growth, count)
-                if count >= GROWING_AFTER:
+                if count >= config.GROWING_AFTER:
                     self.locations.add(where)
 
     def covers(self, func: Any, code: CodeType | None, line: int) -> bool:

@@ -86,6 +86,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tpunb.fuse import config
 from tpunb.fuse.adopt import release_tensor, tensors_of
 from tpunb.fuse.aside import outside_modes
 from tpunb.fuse.deferred import DeferredTensor
@@ -93,15 +94,7 @@ from tpunb.fuse.hot_backward import backward_as_forward, next_node_number
 from tpunb.fuse.hotcode import HotCode, HotCodes, architecture
 from tpunb.fuse.module_call_hooks import ModuleCallHooks
 from tpunb.fuse.payoff import Payoff
-from tpunb.fuse.plan import (
-    TRAINING_STEP_PER_FORWARD,
-    CallAction,
-    CallFacts,
-    Regime,
-    compile_pays_off,
-    plan_call,
-    runs_whole,
-)
+from tpunb.fuse.plan import CallAction, CallFacts, Regime, compile_pays_off, plan_call, runs_whole
 from tpunb.fuse.settled import mark
 from tpunb.fuse.whole_runs import count_eager_run, in_fused_scope, publish_compiled_run
 from tpunb.fuse.worker import compiling_only_if_free
@@ -111,8 +104,6 @@ if TYPE_CHECKING:
 
 #: A module's call count once Dynamo has failed on it: never eligible again.
 REFUSED = -1
-#: How deep into argument objects (a cache, its list of layers, each layer) adopted tensors are looked for.
-OBJECT_DEPTH = 4
 
 
 class HotCalls:
@@ -430,7 +421,7 @@ class HotCall:
         started = time.perf_counter()
         with engine.hot.hooks.lifted(), outside_modes():
             out = module._call_impl(*args, **kwargs)
-        weight = TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0
+        weight = config.TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0
         count_eager_run(engine, self.payoff[now], self.key(now), self._what, entered, started, weight)
         return mark(out)
 
@@ -582,7 +573,7 @@ def plain_values(engine: HotPathEngine, value: Any, seen: set[int], depth: int =
 
 def release_held(obj: Any, seen: set[int], depth: int) -> None:
     """Release the adopted tensors an argument object holds, down to ``OBJECT_DEPTH``."""
-    if depth > OBJECT_DEPTH or id(obj) in seen or isinstance(obj, (torch.nn.Module, type)):
+    if depth > config.OBJECT_DEPTH or id(obj) in seen or isinstance(obj, (torch.nn.Module, type)):
         return
     seen.add(id(obj))
     if isinstance(obj, (list, tuple)):

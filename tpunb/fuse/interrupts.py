@@ -41,11 +41,11 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
+from tpunb.fuse import config
+
 Handler = Callable[[int, FrameType | None], Any]
 #: The name of the thread that sends a dropped interrupt again (one per process, once needed).
 RESENDER = "tpunb-interrupts"
-#: How long after a finalizer dropped an interrupt it is sent again (the hook has returned).
-RESEND_AFTER_S = 0.001
 
 
 class InterruptGuard:
@@ -121,7 +121,7 @@ class _Resender:
     def _serve(self) -> None:
         while True:
             self._requests.get()
-            time.sleep(RESEND_AFTER_S)
+            time.sleep(config.RESEND_AFTER_S)
             _thread.interrupt_main()
 
 

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpunb.fuse.plan import COMPILE_COST_S
+from tpunb.fuse import config
 from tpunb.modes import HOT_TRAINING_BY_DEFAULT
-
-#: Default bound on ops per group: Inductor's compile time grows with the graph's size.
-MAX_OPS = 1000
 
 
 @dataclass(frozen=True)
@@ -21,5 +18,5 @@ class FuseOptions:
     hot_training: bool = HOT_TRAINING_BY_DEFAULT
     # a hot call or step runs eagerly until its eager runs have cost this many seconds, then
     # compiles (plan.compile_pays_off); 0: compiled from its first hot run (tests of compiled code)
-    compile_after_s: float = COMPILE_COST_S
-    max_ops: int = MAX_OPS
+    compile_after_s: float = config.COMPILE_COST_S
+    max_ops: int = config.MAX_OPS

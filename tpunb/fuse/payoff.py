@@ -16,7 +16,8 @@ import collections
 import statistics
 from dataclasses import dataclass, field
 
-from tpunb.fuse.plan import COMPARED_RUNS, compile_pays_off, compiled_is_slower
+from tpunb.fuse import config
+from tpunb.fuse.plan import compile_pays_off, compiled_is_slower
 
 
 @dataclass
@@ -27,7 +28,7 @@ class Payoff:
     eager_runs: int = 0
     # its last eager runs' own times: the first runs of a process pay one-time costs
     recent_eager_s: collections.deque[float] = field(
-        default_factory=lambda: collections.deque(maxlen=COMPARED_RUNS)
+        default_factory=lambda: collections.deque(maxlen=config.COMPARED_RUNS)
     )
     compiled_s: list[float] = field(default_factory=list)  # its first compiled runs that hit
     slower: bool = False  # its compiled runs were slower than its eager runs: eager for good
@@ -56,10 +57,10 @@ class Payoff:
         """A compiled run that hit took ``seconds``; returns True once, when the first
         ``COMPARED_RUNS`` of them prove slower than the eager runs (never where nothing ran
         eagerly: ``--sync-compile``, where compiled code is what is asked for)."""
-        if not self.eager_runs or len(self.compiled_s) >= COMPARED_RUNS:
+        if not self.eager_runs or len(self.compiled_s) >= config.COMPARED_RUNS:
             return False
         self.compiled_s.append(seconds)
-        if len(self.compiled_s) < COMPARED_RUNS:
+        if len(self.compiled_s) < config.COMPARED_RUNS:
             return False
         self.slower = compiled_is_slower(
             statistics.median(self.compiled_s), statistics.median(self.recent_eager_s)

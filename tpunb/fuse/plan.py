@@ -24,31 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from tpunb.fuse import config
 from tpunb.fuse.cache import VariantState
-
-#: Sightings of one shape after which it compiles even during a recompile storm.
-HOT_SIGHTINGS = 3
-#: Outermost calls of a module in fused scopes (no grad in eval mode, or grad in train mode)
-#: after which it is compiled whole.
-HOT_AFTER = 3
-#: Eager steps over plain parameters in fused scopes after which an optimizer's step is compiled.
-HOT_STEPS_AFTER = 2
-#: What compiling a hot call or step costs the notebook, in seconds of eager work: Dynamo's
-#: capture runs on the notebook thread (0.15-0.8 s per call or step of the workloads'
-#: two-layer MLP, measured), and while the worker compiles, the notebook's steps run 10-50x
-#: slower (the worker's Python holds the GIL; 30-600 ms steps against strict's 1.3 ms).
-COMPILE_COST_S = 1.0
-#: A hot call's or step's compiled runs timed before they are compared with its eager runs.
-COMPARED_RUNS = 8
-#: A training call's step per second of its forward: autograd runs its backward later, at
-#: about twice the forward's cost (the usual 1:2 split of a step's work), unmeasured here.
-TRAINING_STEP_PER_FORWARD = 3.0
-
 
 #: A group's reason while it comes back once a cell and its runs have not paid for a compile.
 ONCE_A_CELL = (
     "seen once a cell: compiles once its op-by-op runs have cost what a compile would "
-    f"(about {COMPILE_COST_S:g} s)"
+    f"(about {config.COMPILE_COST_S:g} s)"
 )
 #: A warming group's reason: recorded where the next runs are a hot call's or step's.
 WARMING = "recorded in a module call about to be compiled whole"
@@ -120,9 +102,10 @@ def plan(facts: GroupFacts) -> Decision:
         return Decision(Action.REPLAY, "tiny: op by op costs less than a compile would ever repay")
     compile_now = Action.COMPILE_AND_WAIT if facts.sync_compile else Action.COMPILE_IN_BACKGROUND
     if facts.storming:
-        if facts.sightings < HOT_SIGHTINGS:
+        if facts.sightings < config.HOT_SIGHTINGS:
             return Decision(
-                Action.REPLAY, f"a recompile storm: a new shape compiles once seen {HOT_SIGHTINGS} times"
+                Action.REPLAY,
+                f"a recompile storm: a new shape compiles once seen {config.HOT_SIGHTINGS} times",
             )
         return Decision(compile_now, f"seen {facts.sightings} times during a recompile storm")
     if facts.sync_compile:
@@ -184,7 +167,7 @@ def plan_call(facts: CallFacts) -> CallAction:
     counts = facts.compile and regime_counts and facts.holds_tensors
     if not counts or facts.compiled_elsewhere or facts.refused:
         return CallAction.RECORD
-    if facts.calls < (HOT_AFTER if facts.compiles_at_once else 1):
+    if facts.calls < (config.HOT_AFTER if facts.compiles_at_once else 1):
         return CallAction.WARM
     if facts.regime is Regime.TRAINING:
         return CallAction.HOT_FROM_NEXT_STEP
@@ -243,4 +226,4 @@ def plan_step(facts: StepFacts) -> StepAction:
     compiled-optimizer recipe), and whether its next step is: from the ``HOT_STEPS_AFTER``-th."""
     if not (facts.compile and facts.hot_training and facts.traceable and not facts.refused):
         return StepAction.AS_IS
-    return StepAction.HOT_FROM_NEXT_STEP if facts.steps >= HOT_STEPS_AFTER else StepAction.COUNT
+    return StepAction.HOT_FROM_NEXT_STEP if facts.steps >= config.HOT_STEPS_AFTER else StepAction.COUNT

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tpunb.fuse import config
 from tpunb.fuse.deferred import DeferredTensor, written_argument
 from tpunb.fuse.ops import OpFacts, facts_by_id
 from tpunb.fuse.rng import default_generator
@@ -37,16 +38,6 @@ from tpunb.fuse.wrapper_meta import INPLACE_VIEWS, restride
 
 if TYPE_CHECKING:
     from tpunb.fuse.ports import RecorderEngine
-
-#: Different next ops kept after one step, and first ops of groups: bounds the cost of
-#: checking a step's successors when shapes keep changing. A full branch drops its oldest
-#: successor for a new one, so the sequence a loop settles into always finds a place.
-MAX_BRANCHES = 8
-MAX_FIRST = 64
-#: Steps kept in all (about 1 KB each); past this the trie starts afresh.
-MAX_STEPS = 200_000
-#: Group keys kept per flush point (they differ in which results are still alive).
-MAX_ENDS = 16
 
 
 # --- argument patterns: what a step expects in each argument -------------------------------
@@ -219,7 +210,7 @@ class KnownSequences:
         the trie started afresh under a trace that had followed it)."""
         if trace.matched == len(trace.ops):  # followed all the way: nothing new (the steady case)
             return trace.at
-        if self.steps + len(trace.ops) - trace.matched > MAX_STEPS:
+        if self.steps + len(trace.ops) - trace.matched > config.MAX_STEPS:
             self.first, self.steps = [], 0
             if trace.matched:
                 return None  # its prefix belongs to the old trie
@@ -229,7 +220,7 @@ class KnownSequences:
         parent = trace.at
         for index in range(trace.matched, len(trace.ops)):
             siblings = self.successors(parent)
-            if len(siblings) >= (MAX_FIRST if parent is None else MAX_BRANCHES):
+            if len(siblings) >= (config.MAX_FIRST if parent is None else config.MAX_BRANCHES):
                 del siblings[0]  # its subtree goes too (the count of steps stays an upper bound)
             record = trace.ops[index]
             op = facts_by_id(record.key[0])

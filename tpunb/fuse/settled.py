@@ -34,17 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tpunb.fuse import config
 from tpunb.fuse.deferred import DeferredTensor
 
 if TYPE_CHECKING:
     from tpunb.fuse.trace import Trace
 
-#: Elements an argument of a settled op may have: 2 x 16k logits (fp32: 128 KiB), and less.
-SMALL_NUMEL = 1 << 15
 #: The attribute that tags a plain tensor as settled (set on the tensor object).
 TAG = "_tpunb_settled"
-#: Ops a group may have and still be too small to compile (with every tensor it touches small).
-TINY_OPS = 16
 
 
 #: What ``settled_arguments`` answers: not settled (record as usual), no tensor arguments (a
@@ -81,25 +78,25 @@ def _settled(tensor: torch.Tensor, dirty: set[int]) -> int:
             and value is not None
             and not tensor.adopted
             and not tensor.from_group
-            and value.numel() <= SMALL_NUMEL
+            and value.numel() <= config.SMALL_NUMEL
             and not (dirty and value.untyped_storage().data_ptr() in dirty)
         )
         return WRAPPED if settled else NOT_SETTLED
-    return PLAIN if getattr(tensor, TAG, False) and tensor.numel() <= SMALL_NUMEL else NOT_SETTLED
+    return PLAIN if getattr(tensor, TAG, False) and tensor.numel() <= config.SMALL_NUMEL else NOT_SETTLED
 
 
 def small(value: Any) -> bool:
     """Whether a factory's results (a tensor, or a tuple or list of them) are all small."""
     items = value if isinstance(value, (list, tuple)) else (value,)
-    return all(not isinstance(item, torch.Tensor) or item.numel() <= SMALL_NUMEL for item in items)
+    return all(not isinstance(item, torch.Tensor) or item.numel() <= config.SMALL_NUMEL for item in items)
 
 
 def tiny(trace: Trace) -> bool:
     """Whether a group is too small to repay a compile (plan.py: it never compiles, and its
     results are settled): few ops, and every tensor it reads or makes (intermediates too) small."""
     return (
-        len(trace.ops) <= TINY_OPS
-        and all(tensor.numel() <= SMALL_NUMEL for tensor in trace.inputs)
+        len(trace.ops) <= config.TINY_OPS
+        and all(tensor.numel() <= config.SMALL_NUMEL for tensor in trace.inputs)
         and all(_small_metas(op.outputs) for op in trace.ops)
     )
 
@@ -110,7 +107,7 @@ def _small_metas(metas: Any) -> bool:
         return True
     if isinstance(metas, list):
         return all(_small_metas(meta) for meta in metas)
-    return math.prod(metas[0]) <= SMALL_NUMEL
+    return math.prod(metas[0]) <= config.SMALL_NUMEL
 
 
 def mark(value: Any) -> Any:

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from tpunb.fuse import config
+
 
 class _Numbered(tuple):
     """A ref that is a kind's tag and a number: ``(TAG, index)``."""
@@ -157,11 +159,6 @@ class FloatSlot:
         return (self.op, self.where) if self.item is None else (self.op, self.where, self.item)
 
 
-#: The largest plain input (elements) a trace copies: instead of flushing before a write to
-#: it, and instead of keying a small view's strides.
-KEEP_READ_MAX = 64
-
-
 def group_input(tensor: torch.Tensor) -> torch.Tensor:
     """What a group reads for a plain tensor: a small non-contiguous one as a contiguous copy.
 
@@ -171,7 +168,7 @@ def group_input(tensor: torch.Tensor) -> torch.Tensor:
     copy is exact, and the key holds the copy's strides, the same at every step. Only a
     slice is copied, not a permuted tensor: ops on a slice lay their results out as on its
     copy, so the metadata recorded for them holds; on a transpose it would not."""
-    if tensor.numel() <= KEEP_READ_MAX and not tensor.is_contiguous():
+    if tensor.numel() <= config.KEEP_READ_MAX and not tensor.is_contiguous():
         strides = [stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True) if size > 1]
         if strides == sorted(strides, reverse=True):
             return tensor.contiguous()
@@ -277,7 +274,7 @@ class Trace:
         if (
             index is None
             or storage in self.dirty_storages
-            or tensor.numel() > KEEP_READ_MAX
+            or tensor.numel() > config.KEEP_READ_MAX
             or tensor.storage_offset() != 0
             or not tensor.is_contiguous()
             or sum(meta[-1] == alias_class for meta in self.input_metas) > 1

@@ -10,7 +10,7 @@ captured graph run at once, the compile on tpunb's worker thread, swapped in whe
 compiler ran off the notebook thread without error.
 
 A module turns hot once it has been called outermost with grad in train mode and then stepped
-by an optimizer that holds its parameters ``HOT_STEPS_AFTER`` times (plan.py's count for hot
+by an optimizer that holds its parameters ``HOT_STEPS_AFTER`` times (config.py's count for hot
 optimizer steps), and its steps have taken ``pays_off_after_s`` (rent or buy: what capturing
 and compiling it costs the notebook; the runtime says how much; a step's time runs from the end
 of the step before it in the same scope, so the wait where the loop reads a value counts), in
@@ -44,11 +44,11 @@ import torch
 from torch._dynamo.eval_frame import OptimizedModule
 
 from tpunb.events import FusionGroup, GroupStatus, Record
+from tpunb.fuse import config
 from tpunb.fuse.cache import GraphCache
 from tpunb.fuse.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.compilers import Compile
 from tpunb.fuse.module_call_hooks import ModuleCallHooks
-from tpunb.fuse.plan import HOT_STEPS_AFTER
 from tpunb.source import locate
 
 
@@ -185,7 +185,7 @@ class TrainedModules:
             self._spent[module] = self._spent.get(module, 0.0) + now - began
             self._last_step_end[module] = now
             paid = self._sync or self._spent[module] >= self.pays_off_after_s
-            if self._steps[module] >= HOT_STEPS_AFTER and paid and self.eligible(module):
+            if self._steps[module] >= config.HOT_STEPS_AFTER and paid and self.eligible(module):
                 self._make_hot(module)
         self._trained_since_step.clear()
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 import importlib
 import sys
 
+from tpunb.fuse import config
+
 #: What any tpunb mode's first op needs.
 LOADED = ("torch._dynamo",)
 #: What fused and compile modes need, in the order a fused cell needs them.
 COMPILERS = ("torch._dynamo", "torch._inductor.compile_fx")
-#: How long after the choosing cell the imports start (its output goes out first).
-IDLE_DELAY_S = 0.1
 
 _queued: set[str] = set()
 
@@ -44,4 +44,4 @@ def warm_up_when_idle(modules: tuple[str, ...] = COMPILERS) -> None:
     if not new or loop is None:
         return
     _queued.update(new)
-    loop.call_later(IDLE_DELAY_S, _warm_up, new)
+    loop.call_later(config.IDLE_DELAY_S, _warm_up, new)

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from tpunb.events import FusionGroup, GroupStatus
+from tpunb.fuse import config
 from tpunb.fuse.payoff import Payoff
-from tpunb.fuse.plan import COMPILE_COST_S
 from tpunb.fuse.worker import COMPILER_BUSY
 from tpunb.source import locate
 
@@ -138,7 +138,7 @@ def publish_whole_call(
 #: A hot call's or step's row while it runs eagerly: plan.compile_pays_off.
 UNTIL_PAID_FOR = (
     "run as strict mode runs it until its runs have cost what a compile would (about "
-    f"{COMPILE_COST_S:g} s; --sync-compile compiles at once)"
+    f"{config.COMPILE_COST_S:g} s; --sync-compile compiles at once)"
 )
 
 

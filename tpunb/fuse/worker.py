@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from tpunb.fuse import config
 from tpunb.fuse.workarounds import (
     compile_calls_beside_worker_traces,
     compile_worker_thread,
@@ -106,10 +107,6 @@ def _compile_lock() -> Any:
     return getattr(convert_frame, "compile_lock", None)
 
 
-#: The interpreter's thread switch interval while a background compile runs (default 5 ms).
-COMPILE_SWITCH_INTERVAL_S = 0.0002
-
-
 @contextlib.contextmanager
 def quick_thread_switches() -> Iterator[None]:
     """While the worker compiles, the main thread keeps replaying groups: thousands of small
@@ -118,7 +115,7 @@ def quick_thread_switches() -> Iterator[None]:
     (a convoy); a short interval bounds that wait. Measured on a 135M-parameter LoRA step
     replayed during compiles: about 14 s per step at 5 ms, about 10 s at 0.2 ms."""
     previous = sys.getswitchinterval()
-    sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
+    sys.setswitchinterval(config.COMPILE_SWITCH_INTERVAL_S)
     try:
         yield
     finally:
