@@ -1,13 +1,14 @@
 """Language-model training on a TPU chip, per tpunb mode and precision, through notebook cells.
 
-    python -m benchmarks.tpu [--models gpt2,llama] [--precisions bf16,fp32]
+    python -m benchmarks.tpu [--models gpt2,llama,bert] [--precisions bf16,fp32]
                              [--modes strict,fused,compile] [--loops reads,no-read]
-                             [--steps 10] [--json PATH]
+                             [--steps 10] [--jax] [--json PATH]
 
 Runs on a machine with a TPU chip and torch_tpu (README: Testing on a TPU). Each model is
 built from a config with random weights (gpt2: HF GPT-2 with 6 layers, width 768, about 120 M
-parameters; llama: a Llama of the same width and depth, 32k vocabulary), trained with AdamW on
-one batch of 8 x 512 tokens repeated, in cells as a notebook runs them (in this process's
+parameters; llama: a Llama of the same width and depth, 32k vocabulary; bert: a BERT of the
+same width and depth classifying the batch's 8 sequences into two classes), trained with AdamW
+on one batch of 8 x 512 tokens repeated, in cells as a notebook runs them (in this process's
 IPython with tpunb loaded: the machine has no TCP for a kernel). Per model, precision and mode:
 
 * **first s**: the training cell's first run, with every compile it waited for;
@@ -24,6 +25,8 @@ first runs (67-81 s each): where a command is limited to 10 minutes, run one mod
 reads no value between steps). A fused cell compiles a trained model whole only once its steps
 have taken 30 s (tpunb/runtimes/torchtpu_fused.py); ``--modes "strict,fused,fused --sync-compile"``
 adds a row where it is compiled from its second step, the call waiting for the compile.
+``--jax`` adds the reference row for GPT-2's shape in bf16: the same model trained in plain JAX
+in this process (benchmarks/tpu_jax.py; the chip's own JAX), what leaving PyTorch would give.
 """
 
 from __future__ import annotations
@@ -51,22 +54,36 @@ config = LlamaConfig(num_hidden_layers=6, hidden_size=768, num_attention_heads=1
                      intermediate_size=2048, vocab_size=32000, max_position_embeddings=1024)
 model = LlamaForCausalLM(config).to(DEVICE)
 """,
+    "bert": """
+from transformers import BertConfig, BertForSequenceClassification
+torch.manual_seed(0)
+config = BertConfig(num_hidden_layers=6, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                    max_position_embeddings=512, num_labels=2)
+model = BertForSequenceClassification(config).to(DEVICE)
+""",
+}
+#: What each model is trained to predict: the next token, or one class per sequence.
+LABELS = {
+    "gpt2": "ids",
+    "llama": "ids",
+    "bert": f"torch.randint(0, 2, ({BATCH},), generator=generator).to(DEVICE)",
 }
 
 SETUP = f"""
 generator = torch.Generator().manual_seed(1)
 ids = torch.randint(0, model.config.vocab_size, ({BATCH}, {SEQUENCE}), generator=generator).to(DEVICE)
+labels = {{labels}}
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-embeddings = {{id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}}
-head = model.get_output_embeddings().weight
+embeddings = {{{{id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}}}}
+head = model.get_output_embeddings()
 matmul_weights = sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
-matmul_weights += head.numel() if id(head) in embeddings else 0
+matmul_weights += head.weight.numel() if head is not None and id(head.weight) in embeddings else 0
 """
 
 TRAIN = """
 losses = []
 for step in range({{steps}}):
-    loss = model(input_ids=ids, labels=ids).loss
+    loss = model(input_ids=ids, labels=labels).loss
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()
@@ -100,7 +117,7 @@ def measure(
     cells, model: str, loop: str, precision: str, mode: str, steps: int, strict: list[float] | None
 ) -> tuple[Row, list[float]]:
     """One mode's row, and its first run's losses (strict's are the others' reference)."""
-    cells.ok(MODELS[model] + SETUP)
+    cells.ok(MODELS[model] + SETUP.format(labels=LABELS[model]))
     train = f"%%tpu_precision {precision}\n%%tpu_mode {mode}\n" + LOOPS[loop].format(steps=steps)
     first = cells.run(train)
     if first.error is not None:
@@ -118,6 +135,19 @@ def measure(
     fell = losses[-1] < losses[0]
     mfu = flops / peak_flops()
     return Row(model, loop, precision, mode, first.seconds, tokens_per_s, mfu, diff, fell), losses
+
+
+def jax_row(loop: str, steps: int) -> Row:
+    """Plain JAX's row for GPT-2's shape in bf16 (its losses start from other weights, so they are
+    not compared with strict's: only whether they fell)."""
+    from benchmarks.tpu_jax import Shape, measure
+
+    shape = Shape(batch=BATCH, sequence=SEQUENCE)
+    done = measure(shape, steps)
+    mfu = 6 * shape.matmul_weights * done.tokens_per_s / peak_flops()
+    fell = done.losses[-1] < done.losses[0]
+    nan = float("nan")
+    return Row("gpt2", loop, "bf16", "jax reference", done.first_s, done.tokens_per_s, mfu, nan, fell)
 
 
 def peak_flops() -> float:
@@ -151,6 +181,7 @@ def main() -> int:
     parser.add_argument("--modes", default="strict,fused,compile")
     parser.add_argument("--loops", default="reads", help="reads (loss.item() each step), no-read, or both")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--jax", action="store_true", help="add plain JAX's row for GPT-2's shape (bf16)")
     parser.add_argument("--json", default=None, help="also write the rows here as JSON")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tests" / "tpu"))
@@ -168,6 +199,9 @@ def main() -> int:
             if mode == "strict":
                 strict = losses or None
             rows.append(row)
+            print(table(rows).splitlines()[-1], flush=True)
+        if args.jax and model == "gpt2" and precision == "bf16":
+            rows.append(jax_row(loop, args.steps))
             print(table(rows).splitlines()[-1], flush=True)
     print(table(rows))
     if args.json:
