@@ -1,14 +1,16 @@
-"""Which compiler turns the graphs the hot path captures into code: a parameter of the engine
+"""Which compiler turns the engine's graphs into code: a parameter of the engine
 (``FusionEngine(compiler=...)``), Inductor by default.
 
-The hot path captures a hot module call or optimizer step with Dynamo (hotcode.py,
-hotsteps.py) and hands each graph to a compiler in one of two ways: a graph that never runs
-backward (an inference call), compiled where Dynamo asks for it (``compile_graph``); or a
-training graph, whose backward autograd runs later, compiled on the compile worker inside the
-tracing context Dynamo captured it in (``compile_training``, from compile_later.py, which sets
-AOTAutograd to behave as eager autograd). Inductor is the native runtime's compiler; an
-accelerator's runtime brings its own (TorchTPU's ``"tpu"`` Dynamo backend runs AOTAutograd
-itself), so the hot path names no compiler of its own.
+A fused group's graph (built from recorded ops, flush.py) never runs backward, since autograd's
+ops are recorded as ops: it goes to ``compile_graph`` on the compile worker. The hot path
+captures a hot module call or optimizer step with Dynamo (hotcode.py, hotsteps.py) and hands
+each graph to the compiler in one of two ways: a graph that never runs backward (an inference
+call), compiled where Dynamo asks for it (``compile_graph``); or a training graph, whose
+backward autograd runs later, compiled on the compile worker inside the tracing context Dynamo
+captured it in (``compile_training``, from compile_later.py, which sets AOTAutograd to behave as
+eager autograd). Inductor is the native runtime's compiler; an accelerator's runtime brings its
+own (TorchTPU's ``"tpu"`` Dynamo backend runs AOTAutograd itself), so the engine names no
+compiler of its own.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ class FusionEngine:
         self.device = torch.device(device)
         # where group records go; None: none is built (a benchmark timing the engine alone)
         self.publish = publish
-        self.compiler = compiler  # what compiles the hot calls' and steps' graphs (compilers.py)
+        self.compiler = compiler  # what compiles groups, hot calls and steps (compilers.py)
         self.trace = Trace()
         self.meta = MetaCache()
         self.cache = GraphCache(self._compiled)
@@ -103,7 +103,7 @@ class FusionEngine:
         self.counts = {"recorded": 0, "followed": 0, "eager": 0, "bookkeeping": 0}
         self.recorder = Recorder(self, self.flush)
         self.growing = GrowingInputs()
-        self.flusher = GroupFlush(self.cache, self.recorder.known, self.growing)
+        self.flusher = GroupFlush(self.cache, self.recorder.known, self.growing, compiler.compile_graph)
         self.eager = EagerOps(
             self.device, self.counts, self.flush, lambda value: DeferredTensor.wrap(value, self)
         )

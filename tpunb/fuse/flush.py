@@ -35,9 +35,10 @@ from tpunb.fuse.cache import (
     explain_miss,
     short_hash,
 )
+from tpunb.fuse.compilers import Compile
 from tpunb.fuse.deferred import DeferredTensor
 from tpunb.fuse.errors import FusedOpError, ReplayError, describe_failure, op_location, warn_storm
-from tpunb.fuse.graph import build_graph, inductor_compile
+from tpunb.fuse.graph import build_graph
 from tpunb.fuse.growing import GrowingInputs
 from tpunb.fuse.ops import facts_by_id
 from tpunb.fuse.options import FuseOptions
@@ -98,11 +99,15 @@ class KeyedGroup:
 
 class GroupFlush:
     """The flush stage's lasting parts: the cache of compiled groups, the recorder's known
-    sequences (a trace that followed one finds its key at its end) and the growing-inputs
-    detector (a shape that grows each step is run at once, not compiled per length)."""
+    sequences (a trace that followed one finds its key at its end), the growing-inputs
+    detector (a shape that grows each step is run at once, not compiled per length) and the
+    compiler of groups' graphs (``compile``: graphs without autograd; the engine's compiler's
+    ``compile_graph``, Inductor on the native runtime)."""
 
-    def __init__(self, cache: GraphCache, known: KnownSequences, growing: GrowingInputs) -> None:
-        self.cache, self.known, self.growing = cache, known, growing
+    def __init__(
+        self, cache: GraphCache, known: KnownSequences, growing: GrowingInputs, compile: Compile
+    ) -> None:
+        self.cache, self.known, self.growing, self.compile = cache, known, growing, compile
         #: the structures sighted in the notebook cell under way (FusionEngine.begin_cell
         #: empties it; without cells, in all): seen again there, a group is a loop's step
         self.in_this_cell: set[GroupKey] = set()
@@ -209,7 +214,8 @@ class GroupFlush:
             if self.cache.count_family(family) == config.STORM_VARIANTS:
                 warn_storm(trace, config.STORM_VARIANTS)
             wait = decision.action is Action.COMPILE_AND_WAIT
-            self.cache.compile(keyed.name, variant, compile_job(trace, outputs, variant), wait=wait)
+            job = compile_job(trace, outputs, variant, self.compile)
+            self.cache.compile(keyed.name, variant, job, wait=wait)
         return decision
 
 
@@ -240,9 +246,9 @@ def check_versions(trace: Trace) -> None:
             )
 
 
-def compile_job(trace: Trace, outputs: list, variant: Variant) -> CompileJob:
+def compile_job(trace: Trace, outputs: list, variant: Variant, compile: Compile) -> CompileJob:
     """The worker's job for this group: its graph, built from the recorded ops, compiled by
-    Inductor. It holds detached inputs (the worker reads no tensor the notebook changes)."""
+    ``compile``. It holds detached inputs (the worker reads no tensor the notebook changes)."""
     slot_places = {s.place: i for i, s in enumerate(trace.float_slots)}
     examples = [t.detach() for t in trace.inputs]
     if variant.lifted:
@@ -251,7 +257,7 @@ def compile_job(trace: Trace, outputs: list, variant: Variant) -> CompileJob:
 
     def job() -> tuple[Callable[..., Any], str]:
         graph = build_graph(ops, len(examples) - bool(lifted), floats, lifted, slot_places, outputs)
-        return inductor_compile(graph, examples), graph.code
+        return compile(graph, examples), graph.code
 
     return job
 
