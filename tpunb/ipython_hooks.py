@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpunb.fuse.warmup import LOADED, warm_up_when_idle
+from tpunb.fuse.idle_imports import LOADED, import_when_idle
 from tpunb.labcomm import close_lab_link, open_lab_link
 from tpunb.magics import TpuMagics
 from tpunb.report import cell_summary, load_line
@@ -82,7 +82,7 @@ def load(shell: Any, version: str) -> None:
         setattr(shell, _HOOKS_ATTR, hooks)
     if getattr(shell, "kernel", None) is not None:  # a kernel, so maybe a JupyterLab page
         open_lab_link(session, version, shell.kernel)
-    warm_up_when_idle(LOADED)  # every mode but strict needs Dynamo at its first op
+    import_when_idle(LOADED)  # every mode but strict needs Dynamo at its first op
     print(load_line(session, version))
 
 

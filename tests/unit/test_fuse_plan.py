@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from tpunb.fuse.cache import VariantState
-from tpunb.fuse.config import COMPILE_COST_S, HOT_AFTER, HOT_SIGHTINGS, HOT_STEPS_AFTER
+from tpunb.fuse.config import COMPILE_COST_S, HOT_AFTER, HOT_STEPS_AFTER, STORM_SIGHTINGS
 from tpunb.fuse.plan import (
     Action,
     CallAction,
@@ -59,11 +59,11 @@ def facts(**changes) -> GroupFacts:
         (facts(repeat=False, sync_compile=True), Action.COMPILE_AND_WAIT),
         (facts(tiny=True, sync_compile=True), Action.REPLAY),  # never repays a compile
         (facts(warming=True, sync_compile=True), Action.REPLAY),  # its module compiles whole
-        (facts(storming=True, sightings=HOT_SIGHTINGS - 1), Action.REPLAY),
-        (facts(storming=True, sightings=HOT_SIGHTINGS - 1, sync_compile=True), Action.REPLAY),
-        (facts(storming=True, sightings=HOT_SIGHTINGS), Action.COMPILE_IN_BACKGROUND),
+        (facts(storming=True, sightings=STORM_SIGHTINGS - 1), Action.REPLAY),
+        (facts(storming=True, sightings=STORM_SIGHTINGS - 1, sync_compile=True), Action.REPLAY),
+        (facts(storming=True, sightings=STORM_SIGHTINGS), Action.COMPILE_IN_BACKGROUND),
         (
-            facts(storming=True, sightings=HOT_SIGHTINGS, repeat=False, sync_compile=True),
+            facts(storming=True, sightings=STORM_SIGHTINGS, repeat=False, sync_compile=True),
             Action.COMPILE_AND_WAIT,
         ),
     ],

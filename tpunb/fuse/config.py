@@ -39,7 +39,7 @@ MAX_OPS = 1000
 #: until they prove hot: a recompile storm costs seconds per step, replay about what strict does.
 STORM_VARIANTS = 8
 #: Sightings of one shape after which it compiles even during a recompile storm.
-HOT_SIGHTINGS = 3
+STORM_SIGHTINGS = 3
 #: The interpreter's thread switch interval while a background compile runs (default 5 ms).
 COMPILE_SWITCH_INTERVAL_S = 0.0002
 
@@ -64,7 +64,7 @@ TRAINING_STEP_PER_FORWARD = 3.0
 #: looked for.
 OBJECT_DEPTH = 4
 
-# --- the notebook around it (interrupts.py, warmup.py) --------------------------------------
+# --- the notebook around it (interrupts.py, idle_imports.py) --------------------------------------
 
 #: How long after a finalizer dropped an interrupt it is sent again (the hook has returned).
 RESEND_AFTER_S = 0.001

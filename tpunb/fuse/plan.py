@@ -80,7 +80,7 @@ def plan(facts: GroupFacts) -> Decision:
     * a *warming* one, recorded in a call of a module about to be compiled whole, which will
       not come back;
     * during a recompile storm (an op sequence already compiled for many shapes), a new shape
-      until it has come back ``HOT_SIGHTINGS`` times: the fix for a storm (padding to one
+      until it has come back ``STORM_SIGHTINGS`` times: the fix for a storm (padding to one
       shape) still ends in compiled steps, while one-off shapes keep running op by op;
     * a group that comes back once a cell, not within one (a model's initialization in a
       cell or script run again, its adoption), until its op-by-op runs have cost what a
@@ -102,10 +102,10 @@ def plan(facts: GroupFacts) -> Decision:
         return Decision(Action.REPLAY, "tiny: op by op costs less than a compile would ever repay")
     compile_now = Action.COMPILE_AND_WAIT if facts.sync_compile else Action.COMPILE_IN_BACKGROUND
     if facts.storming:
-        if facts.sightings < config.HOT_SIGHTINGS:
+        if facts.sightings < config.STORM_SIGHTINGS:
             return Decision(
                 Action.REPLAY,
-                f"a recompile storm: a new shape compiles once seen {config.HOT_SIGHTINGS} times",
+                f"a recompile storm: a new shape compiles once seen {config.STORM_SIGHTINGS} times",
             )
         return Decision(compile_now, f"seen {facts.sightings} times during a recompile storm")
     if facts.sync_compile:

@@ -22,7 +22,7 @@ from tpunb.debug import DebugChecks
 from tpunb.events import Record
 from tpunb.fuse import FuseOptions, FusionEngine
 from tpunb.fuse.disk_cache import current_cache_dir, rebuild_torn_binaries, use_cache_dir
-from tpunb.fuse.warmup import warm_up_when_idle
+from tpunb.fuse.idle_imports import import_when_idle
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import CacheDirError, CacheStats, MemoryInfo
 
@@ -153,7 +153,7 @@ class NativeRuntime:
         """Modes here are per-thread scopes opened by the session; choosing fused or compile
         queues their one-time imports for when the kernel is idle, before the next cell."""
         if config.mode in (Mode.FUSED, Mode.COMPILE):
-            warm_up_when_idle()
+            import_when_idle()
 
     def cache_dir(self, path: str | None = None) -> str | None:
         """Inductor's on-disk caches (``tpunb.fuse.disk_cache``): any time, any directory."""

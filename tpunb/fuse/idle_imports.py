@@ -30,12 +30,12 @@ COMPILERS = ("torch._dynamo", "torch._inductor.compile_fx")
 _queued: set[str] = set()
 
 
-def _warm_up(modules: tuple[str, ...]) -> None:
+def _import_all(modules: tuple[str, ...]) -> None:
     for name in modules:
         importlib.import_module(name)
 
 
-def warm_up_when_idle(modules: tuple[str, ...] = COMPILERS) -> None:
+def import_when_idle(modules: tuple[str, ...] = COMPILERS) -> None:
     """Queue the imports of ``modules`` not queued yet; outside a kernel, do nothing."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
@@ -44,4 +44,4 @@ def warm_up_when_idle(modules: tuple[str, ...] = COMPILERS) -> None:
     if not new or loop is None:
         return
     _queued.update(new)
-    loop.call_later(config.IDLE_DELAY_S, _warm_up, new)
+    loop.call_later(config.IDLE_DELAY_S, _import_all, new)
