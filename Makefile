@@ -97,17 +97,21 @@ chromium:
 
 # The runtime suites run beside the main suite, which takes about 40 minutes on one core:
 # their environments are built first (the installs wait on the network and the disk, about
-# 14 GB of wheels), then their tests run on what the main suite leaves of the CPU (nice).
-# Their log is shown at the end: its pytest summaries when they passed, its end when not.
+# 14 GB of wheels), then their tests run on what the main suite leaves of the CPU (nice) and
+# of the disk (ionice's idle class). The browser tests run first, alone: beside those installs
+# a kernel's start (torch's thousands of files) took minutes, and they waited for it in vain
+# (a restarted kernel not idle within 120 s, a cell's status not shown within 60 s).
+# The runtime log is shown at the end: its pytest summaries when they passed, its end when not.
 test: lint test-extension chromium dist
 	mkdir -p build
-	nice -n 10 $(MAKE) runtime-suites > build/runtime-suites.log 2>&1 & runtime=$$!; \
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest; suite=$$?; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/browser; browser=$$?; \
+	nice -n 10 ionice -c 3 $(MAKE) runtime-suites > build/runtime-suites.log 2>&1 & runtime=$$!; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --ignore=tests/browser; suite=$$?; \
 	wait $$runtime; runtime_rc=$$?; \
 	if [ $$runtime_rc = 0 ]; then echo "runtime suites (build/runtime-suites.log):"; \
 		grep -E "^=+ .*(passed|failed|error).* in " build/runtime-suites.log; \
 	else echo "runtime suites failed (build/runtime-suites.log):"; tail -n 120 build/runtime-suites.log; fi; \
-	[ $$suite = 0 ] && [ $$runtime_rc = 0 ]
+	[ $$browser = 0 ] && [ $$suite = 0 ] && [ $$runtime_rc = 0 ]
 
 runtime-suites: runtime-venvs
 	$(MAKE) test-xla test-torchtpu
