@@ -105,7 +105,7 @@ chromium:
 test: lint test-extension chromium dist
 	mkdir -p build
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/browser; browser=$$?; \
-	nice -n 10 ionice -c 3 $(MAKE) runtime-suites > build/runtime-suites.log 2>&1 & runtime=$$!; \
+	nice -n 10 $$(command -v ionice >/dev/null && echo ionice -c 3) $(MAKE) runtime-suites > build/runtime-suites.log 2>&1 & runtime=$$!; \
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --ignore=tests/browser; suite=$$?; \
 	wait $$runtime; runtime_rc=$$?; \
 	if [ $$runtime_rc = 0 ]; then echo "runtime suites (build/runtime-suites.log):"; \
