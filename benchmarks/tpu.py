@@ -2,7 +2,7 @@
 
     python -m benchmarks.tpu [--models gpt2,llama,bert] [--precisions bf16,fp32]
                              [--modes strict,fused,compile] [--loops reads,no-read]
-                             [--steps 10] [--jax] [--json PATH]
+                             [--steps 10] [--jax] [--chain] [--json PATH]
 
 Runs on a machine with a TPU chip and torch_tpu (README: Testing on a TPU). Each model is
 built from a config with random weights (gpt2: HF GPT-2 with 6 layers, width 768, about 120 M
@@ -27,6 +27,8 @@ have taken 30 s (tpunb/runtimes/torchtpu_fused.py); ``--modes "strict,fused,fuse
 adds a row where it is compiled from its second step, the call waiting for the compile.
 ``--jax`` adds the reference row for GPT-2's shape in bf16: the same model trained in plain JAX
 in this process (benchmarks/tpu_jax.py; the chip's own JAX), what leaving PyTorch would give.
+``--chain`` adds the elementwise chain (1,500 ops at a cell's top level), per mode, its "tok/s"
+column counting elements a second.
 """
 
 from __future__ import annotations
@@ -137,6 +139,50 @@ def measure(
     return Row(model, loop, precision, mode, first.seconds, tokens_per_s, mfu, diff, fell), losses
 
 
+#: The elementwise chain (the research note's): 1,500 ops on 256 x 1024 at the cell's top level,
+#: no module call, one value read at the end. Its rows' "tok/s" column is elements a second.
+CHAIN_INPUT = "chain_x = torch.randn(256, 1024, generator=torch.Generator().manual_seed(0)).to(DEVICE)"
+CHAIN = """
+y = chain_x
+for i in range(1000):
+    y = y * 1.0001 + 0.0001 if i % 2 else torch.tanh(y)
+chain_sum = y.sum().item()
+"""
+
+
+def chain_rows(cells, modes: list[str]) -> list[Row]:
+    """The elementwise chain's first and warm runs per mode; "loss diff" is the relative gap of its
+    sum to strict's."""
+    cells.ok(CHAIN_INPUT)
+    rows, reference = [], None
+    for mode in modes:
+        first = cells.run(f"%%tpu_mode {mode}\n{CHAIN}")
+        if first.error is not None:
+            rows.append(
+                Row(
+                    "chain",
+                    "-",
+                    "fp32",
+                    mode,
+                    first.seconds,
+                    0.0,
+                    0.0,
+                    float("nan"),
+                    False,
+                    repr(first.error),
+                )
+            )
+            continue
+        value = cells.value("chain_sum")
+        reference = value if reference is None else reference
+        warm = cells.run(f"%%tpu_mode {mode}\n{CHAIN}")
+        diff = abs(value - reference) / abs(reference)
+        rows.append(
+            Row("chain", "-", "fp32", mode, first.seconds, 256 * 1024 / warm.seconds, 0.0, diff, True)
+        )
+    return rows
+
+
 def jax_row(loop: str, steps: int) -> Row:
     """Plain JAX's row for GPT-2's shape in bf16 (its losses start from other weights, so they are
     not compared with strict's: only whether they fell)."""
@@ -182,6 +228,7 @@ def main() -> int:
     parser.add_argument("--loops", default="reads", help="reads (loss.item() each step), no-read, or both")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--jax", action="store_true", help="add plain JAX's row for GPT-2's shape (bf16)")
+    parser.add_argument("--chain", action="store_true", help="add the elementwise chain's rows (per mode)")
     parser.add_argument("--json", default=None, help="also write the rows here as JSON")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tests" / "tpu"))
@@ -190,11 +237,16 @@ def main() -> int:
     cells = Cells()
     cells.ok("import torch, tpunb\nDEVICE = tpunb.device()")
     rows = []
+    modes = ["strict", *(m for m in args.modes.split(",") if m != "strict")]
+    if args.chain:
+        for row in chain_rows(cells, modes):
+            rows.append(row)
+            print(table(rows).splitlines()[-1], flush=True)
     for model, loop, precision in itertools.product(
-        args.models.split(","), args.loops.split(","), args.precisions.split(",")
+        [m for m in args.models.split(",") if m], args.loops.split(","), args.precisions.split(",")
     ):
         strict: list[float] | None = None
-        for mode in ["strict", *(m for m in args.modes.split(",") if m != "strict")]:
+        for mode in modes:
             row, losses = measure(cells, model, loop, precision, mode, args.steps, strict)
             if mode == "strict":
                 strict = losses or None

@@ -109,10 +109,12 @@ def _compiling() -> bool:
     return False
 
 
-def _hold(text: str) -> None:
+def _hold(text: str, held: deque[str] = _hidden) -> None:
+    """Keep ``text``'s first line (``held`` bound here: at interpreter exit the module's globals
+    may already be None when the unraisable hook calls this)."""
     line = text.strip().splitlines()[0] if text.strip() else text
-    if line not in _hidden:
-        _hidden.append(line)
+    if line not in held:
+        held.append(line)
 
 
 def hidden() -> list[str]:

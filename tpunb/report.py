@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 
 from tpunb.events import CellRun
 from tpunb.modes import MODE_DESCRIPTIONS, Mode
-from tpunb.runtimes import COMPILED_WHOLE, MODEL_FLOPS, UNCOMPILED, WHILE_COMPILING, MemoryInfo
+from tpunb.runtimes import (
+    COMPILED_WHOLE,
+    MODEL_FLOPS,
+    STEPS_NOT_COMPILED,
+    UNCOMPILED,
+    WHILE_COMPILING,
+    MemoryInfo,
+)
 
 if TYPE_CHECKING:  # report formats what the session holds; it never drives one
     from tpunb.session import Session
@@ -90,7 +97,7 @@ def cell_summary(record: CellRun) -> str:
         counted = counted_part(record.counters, prefix)
         if counted:
             parts.append(counted)
-    if record.counters.get(MODEL_FLOPS, 0) > 0 and record.wall_s > 0:
+    if all_steps_compiled(record.counters) and record.wall_s > 0:
         parts.append(model_flops_part(record.counters[MODEL_FLOPS] / record.wall_s, record.peak_flops))
     if record.groups:
         parts.append(f"{record.groups} group{'s' if record.groups != 1 else ''}")
@@ -117,6 +124,16 @@ def counted_part(counters: dict[str, float], prefix: str) -> str | None:
             noun = f"{head}s {rest}" if count != 1 else f"{head} {rest}"
             counted.append(f"{int(count)} {noun.strip()}")
     return f"{prefix}{', '.join(counted)}" if counted else None
+
+
+def all_steps_compiled(counters: dict[str, float]) -> bool:
+    """Whether the cell's model FLOPs are all its training's: some ran compiled, none ran before
+    its compile (under the runtime's fusion) or as captured while compiling (FLOPs not counted).
+    A 300-step cell whose model compiled at its 225th step would say "MFU 0.2 %" otherwise."""
+    partly = counters.get(STEPS_NOT_COMPILED, 0) > 0 or any(
+        key.startswith(WHILE_COMPILING) and count > 0 for key, count in counters.items()
+    )
+    return counters.get(MODEL_FLOPS, 0) > 0 and not partly
 
 
 def model_flops_part(rate: float, peak: float | None) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from tpunb.advice import CellTimes, fused_overhead, fused_slower
 from tpunb.events import CellRun, FusionGroup
 from tpunb.report import cell_summary, format_bytes, format_memory
-from tpunb.runtimes import MODEL_FLOPS, MemoryInfo
+from tpunb.runtimes import MODEL_FLOPS, STEPS_NOT_COMPILED, MemoryInfo
 
 
 def test_bytes_read_naturally_and_unknown_is_not_zero():
@@ -68,6 +68,19 @@ def test_a_fused_cell_gives_its_compiled_models_flop_rate_against_the_devices_pe
     )
     assert cell_summary(run(mode="fused", counters=counters)).endswith(
         " · 98.50 TFLOP/s in compiled model calls"
+    )
+
+
+def test_a_cell_whose_model_compiled_partway_gives_no_mfu():
+    """Steps before the compile, or run as captured while it ran, did FLOPs nobody counted: the
+    chip measured "MFU 0.2 %" for a 240-step cell whose model compiled at its 225th step."""
+    compiled = {"compiled whole: call of GPT2LMHeadModel": 15, MODEL_FLOPS: 0.5 * 197e12 * 1.234}
+    before = {**compiled, STEPS_NOT_COMPILED: 224}
+    assert "MFU" not in cell_summary(run(mode="fused", counters=before, peak_flops=197e12))
+    captured = {**compiled, "ran as captured while compiling: call of GPT2LMHeadModel": 1}
+    assert "MFU" not in cell_summary(run(mode="fused", counters=captured, peak_flops=197e12))
+    assert "MFU 50.0 %" in cell_summary(
+        run(mode="fused", counters={**compiled, STEPS_NOT_COMPILED: 0}, peak_flops=197e12)
     )
 
 

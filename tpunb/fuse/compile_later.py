@@ -28,6 +28,7 @@ from tpunb.fuse.cache import Compiled, GraphCache, Variant, VariantState
 from tpunb.fuse.compilers import Compile
 from tpunb.fuse.flops import training_flops
 from tpunb.fuse.graph import never_compiled
+from tpunb.fuse.thread_modes import ThreadModes
 from tpunb.fuse.workarounds import config_values, skip_dynamo_in
 
 
@@ -152,13 +153,13 @@ class CompiledLater:
             return
         context = torch._guards.TracingContext.try_get()
         graph = copy_sharing_tensors(graph)  # a compiler may rewrite its graph; this one runs meanwhile
-        # grad mode is per thread: the worker's is on, and a graph captured without grad (an
-        # optimizer's step) would compile as a training graph, with autograd's wrapper per call
-        grad = torch.is_grad_enabled()
+        # per thread, so read here: a graph captured without grad (an optimizer's step) would
+        # compile on the worker as a training graph, one captured under bf16 autocast in fp32
+        modes = ThreadModes.here()
         fakes = fakes_made_here(graph, examples, context)
 
         def job() -> tuple[Callable[..., Any], str]:
-            with torch._guards.tracing(context), torch.set_grad_enabled(grad), autograd_as_eager():
+            with torch._guards.tracing(context), modes.entered(), autograd_as_eager():
                 code = graph.code  # (before the compiler rewrites it)
                 if count_flops:
                     self.flops = training_flops(graph, examples) or 0.0

@@ -129,8 +129,10 @@ class TrainedModules:
         #: calls run compiled, and run as captured while compiling, by module class (counters)
         self.compiled_calls: Counter[str] = Counter()
         self.captured_calls: Counter[str] = Counter()
-        #: FLOPs the compiled calls ran, forward and backward (flops.py), for the cell's MFU
+        #: FLOPs the compiled calls ran, forward and backward (flops.py), for the cell's MFU;
+        #: steps of trained modules not yet hot (their FLOPs unknown), which leave a cell's MFU out
         self.model_flops = 0.0
+        self.steps_not_compiled = 0
         #: those Dynamo failed to capture: never hot again
         self.refused: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
@@ -181,6 +183,7 @@ class TrainedModules:
             ):
                 continue
             self._steps[module] = self._steps.get(module, 0) + 1
+            self.steps_not_compiled += 1
             began = self._last_step_end.get(module, first_call)
             self._spent[module] = self._spent.get(module, 0.0) + now - began
             self._last_step_end[module] = now

@@ -172,6 +172,9 @@ COMPILED_WHOLE = "compiled whole: "
 WHILE_COMPILING = "ran as captured while compiling: "
 #: ``Runtime.counters`` key: the FLOPs those compiled calls ran, forward and backward.
 MODEL_FLOPS = "model FLOPs compiled whole"
+#: ``Runtime.counters`` key: training steps of such models that ran before they were compiled
+#: (under the runtime's own fusion), whose FLOPs are not counted: a cell with any gives no MFU.
+STEPS_NOT_COMPILED = "model steps not compiled"
 
 
 class CacheDirError(ValueError):

@@ -37,6 +37,7 @@ from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import (
     COMPILED_WHOLE,
     MODEL_FLOPS,
+    STEPS_NOT_COMPILED,
     UNCOMPILED,
     WHILE_COMPILING,
     CacheDirError,
@@ -346,6 +347,7 @@ class TorchTpuRuntime:
             ):
                 counts.update({f"{prefix}call of {name}": count for name, count in calls.items()})
             counts[MODEL_FLOPS] = self._trained_modules.model_flops
+            counts[STEPS_NOT_COMPILED] = self._trained_modules.steps_not_compiled
         stats = self._perf_stats()
         if stats is None:
             return counts
