@@ -375,3 +375,27 @@ def test_a_model_trained_under_bf16_autocast_compiles_in_bf16_on_the_worker():
     torch._dynamo.reset()
     assert trained.compiled_calls["Model"] == compiled_before + 2  # the last two ran compiled
     assert got == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_worker_compiles_with_the_compiler_settings_the_notebook_set():
+    """torch's config values are context variables: a new thread sees their defaults. TorchTPU
+    sets Dynamo's ``trace_autograd_ops`` at import, a user Inductor's options; the worker's
+    compile must see them as a compile on the notebook's thread would."""
+    import torch._inductor.config as inductor_config
+
+    seen = []
+
+    def compiler(graph: torch.fx.GraphModule, examples: list) -> Callable[..., Any]:
+        seen.append(inductor_config.fallback_random)
+        return lookup_backend("aot_eager")(graph, examples)
+
+    torch._dynamo.reset()
+    trained = TrainedModules(GraphCache(on_compiled=lambda name, variant: None), compiler)
+    loop = Loop(fresh())
+    with inductor_config.patch(fallback_random=not inductor_config.fallback_random):
+        wanted = inductor_config.fallback_random
+        with trained.scope():
+            loop.run(4)
+            trained.cache.wait_idle()
+    torch._dynamo.reset()
+    assert seen and set(seen) == {wanted}

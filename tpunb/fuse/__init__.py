@@ -22,7 +22,8 @@ walks an op and a module call through them, with a glossary and the thresholds.
   ``hotcode`` (a module called again and again, compiled by architecture), ``hot_backward``
   (its backward), ``hotsteps`` (its optimizer's step), ``whole_runs`` and ``payoff`` (their
   shared lifecycle: eager until a compile pays off), ``compile_later`` (the captured graph runs
-  while the worker compiles it), ``trained_modules`` (the same for runtimes that fuse by
+  while the worker compiles it, under the notebook thread's grad mode and autocast:
+  ``thread_modes``), ``trained_modules`` (the same for runtimes that fuse by
   themselves: TorchTPU), ``flops`` (what a compiled training graph computes, for the MFU).
 """
 

@@ -18,6 +18,7 @@ keeps replaying. A failed compile is remembered and that variant replays from th
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import threading
 import time
@@ -175,10 +176,15 @@ class GraphCache:
         return previous if previous != skeleton else None
 
     def compile(self, name: str, variant: Variant, job: CompileJob, wait: bool) -> None:
-        """Run ``job`` (build + compile) on the worker thread; with ``wait``, block for it."""
+        """Run ``job`` (build + compile) on the worker thread; with ``wait``, block for it.
+
+        In the caller's context: torch's config values (Dynamo's, AOTAutograd's, Inductor's) are
+        context variables, so a thread sees only their defaults, not what the notebook set
+        (TorchTPU sets ``trace_autograd_ops`` at import; a user, Inductor's options)."""
         self._named[name] = variant
         variant.queued = True
-        variant.future = self._worker.submit(lambda: self._run_job(name, variant, job), wait)
+        context = contextvars.copy_context()
+        variant.future = self._worker.submit(lambda: context.run(self._run_job, name, variant, job), wait)
 
     def compile_here(self, name: str, variant: Variant, job: CompileJob) -> None:
         """Run ``job`` on the calling thread: for a compile that must finish before the call
