@@ -109,6 +109,32 @@ def test_a_model_trained_in_fused_cells_runs_compiled_whole_as_strict_trains(cel
     assert " · MFU " in again.summary and " of 197 TFLOP/s)" in again.summary, again.summary
 
 
+def test_a_model_compiled_in_the_background_runs_in_the_cells_precision(cells) -> None:
+    """Turned hot without ``--sync-compile``, the model compiles on tpunb's worker, whose own
+    autocast is off: it must compile under the cell's bf16 (on this chip it once ran in fp32, 70
+    ms a step against 51, with 3 GiB more HBM), trained with strict's losses, its logits bf16."""
+    trained = "tpunb.session.get_session().runtime._trained()"
+    more = GPT2_ADAMW.train.replace("losses", "more")
+    more += "\nlogits_dtype = str(model(input_ids=ids, labels=ids).logits.dtype)\n"
+    expected = train(cells, GPT2_ADAMW, "bf16", "strict")  # (a new model, trained in two cells)
+    cells.ok("%%tpu_precision bf16\n%%tpu_mode strict\n" + more)
+    expected += [float(x) for x in cells.value("more")]
+    strict_dtype = cells.value("logits_dtype")
+    before = cells.value(f"{trained}.pays_off_after_s")
+    cells.ok(f"{trained}.pays_off_after_s = 0.0")  # hot at its second step, compiled meanwhile
+    try:
+        got = train(cells, GPT2_ADAMW, "bf16", "fused")
+        cells.ok("tpunb.session.get_session().runtime.wait_for_background_compiles()")
+        again = cells.ok("%%tpu_precision bf16\n%%tpu_mode fused\n" + more)
+    finally:
+        cells.ok(f"{trained}.pays_off_after_s = {before}")
+    got += [float(x) for x in cells.value("more")]
+    assert again.summary is not None and "compiled whole: " in again.summary, again.output
+    assert cells.value("logits_dtype") == strict_dtype == "torch.bfloat16"
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, expected, strict=True))
+    assert worst <= TOLERANCE["bf16"], f"fused: {got}\nstrict: {expected}"
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_dropout_draws_strict_masks_in_every_mode(cells, precision: str) -> None:
     """Strict's losses and the random stream after the loop, the model compiled whole (fused with

@@ -5,6 +5,7 @@ Dynamo, with ``aot_eager`` (forward and backward through AOTAutograd) in the chi
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -275,6 +276,7 @@ def test_a_call_dynamo_cannot_capture_runs_as_written_and_the_module_stays_so(tr
     with trained.scope():
         loop.run(3)
         assert model in trained.hot
+        trained.cache.wait_idle()  # (while the worker compiles, a new shape runs as it is)
         with (
             torch._dynamo.config.patch(error_on_recompile=True),
             warnings.catch_warnings(record=True) as caught,
@@ -399,3 +401,46 @@ def test_the_worker_compiles_with_the_compiler_settings_the_notebook_set():
             trained.cache.wait_idle()
     torch._dynamo.reset()
     assert seen and set(seen) == {wanted}
+
+
+class Broken(torch.nn.Module):
+    """A model whose call Dynamo captures as two graphs (HF's masks, made outside Dynamo on
+    TorchTPU, break GPT-2's call so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        h = self.a(x).relu()
+        torch._dynamo.graph_break()
+        return self.b(h)
+
+
+def test_a_call_captured_as_several_graphs_does_not_wait_for_the_first_ones_compile():
+    """Once Dynamo hands the call's first graph over, the worker takes the compiler's lock for
+    that graph's compile (seconds, on a chip a minute): the rest of the call, captured on the
+    notebook thread, must not wait for it. (On the chip a GPT-2 step stalled 15 s at its swap.)"""
+    release, compiled = threading.Event(), threading.Event()
+
+    def slow(graph: torch.fx.GraphModule, examples: list) -> Callable[..., Any]:
+        release.wait(10)
+        compiled.set()
+        return lookup_backend("aot_eager")(graph, examples)
+
+    torch._dynamo.reset()
+    trained = TrainedModules(GraphCache(on_compiled=lambda name, variant: None), slow)
+    torch.manual_seed(0)
+    model = Broken()
+    loop = Loop(model)
+    try:
+        with trained.scope():
+            loop.run(2)  # hot after its second step
+            loop.run(2)  # captured (two graphs), then run as captured while they compile
+            assert not compiled.is_set(), "the call waited for the worker's compile"
+            assert len(trained.hot[model].made) == 2
+            assert trained.captured_calls["Broken"] == 2
+    finally:
+        release.set()
+        trained.cache.wait_idle()
+        torch._dynamo.reset()

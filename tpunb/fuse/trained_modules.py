@@ -49,6 +49,7 @@ from tpunb.fuse.cache import GraphCache
 from tpunb.fuse.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.compilers import Compile
 from tpunb.fuse.module_call_hooks import ModuleCallHooks
+from tpunb.fuse.worker import compiling_only_if_free
 from tpunb.source import locate
 
 
@@ -223,14 +224,22 @@ class TrainedModules:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if self._active and in_training(module):
-                graphs, flops, started = len(backend.made), backend.runs.flops, time.perf_counter()
+                graphs, runs, flops = len(backend.made), backend.runs.count, backend.runs.flops
+                started = time.perf_counter()
                 try:
-                    with self.hooks.lifted(), self.around_compiled():
+                    # a call captured as several graphs (HF's masks break GPT-2's) must not wait
+                    # while the worker compiles the first: the worker starts after the call
+                    with (
+                        self.hooks.lifted(),
+                        self.around_compiled(),
+                        compiling_only_if_free(self._sync) as may_compile,
+                    ):
                         out = compiled(*args, **kwargs)
                 except torch._dynamo.exc.TorchDynamoException as error:  # raised while capturing: nothing ran
                     self._refuse(module, error)
                 else:
-                    if backend.compiling:
+                    as_it_is = not may_compile and backend.runs.count == runs  # the worker was busy
+                    if backend.compiling or as_it_is:
                         self.captured_calls[name] += 1
                     elif backend.all_compiled:
                         self.compiled_calls[name] += 1
