@@ -69,10 +69,25 @@ def fresh(dropout: float = 0.0) -> Model:
 
 
 @pytest.fixture
-def trained():
+def trained_with():
+    """``TrainedModules`` with a given compiler, Dynamo reset around it and its hooks removed."""
+    made: list[TrainedModules] = []
+
+    def make(compiler: Callable[..., Any]) -> TrainedModules:
+        made.append(TrainedModules(GraphCache(on_compiled=lambda name, variant: None), compiler))
+        return made[-1]
+
     torch._dynamo.reset()
-    yield TrainedModules(GraphCache(on_compiled=lambda name, variant: None), lookup_backend("aot_eager"))
+    yield make
+    for trained in made:
+        trained.cache.wait_idle()
+        trained.close()
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def trained(trained_with):
+    return trained_with(lookup_backend("aot_eager"))
 
 
 def test_a_module_stepped_twice_runs_compiled_whole_and_trains_as_eager(trained):
@@ -358,14 +373,13 @@ def dtypes_fixed_when_traced(graph: torch.fx.GraphModule, examples: list) -> Cal
     return make_boxed_func(run)
 
 
-def test_a_model_trained_under_bf16_autocast_compiles_in_bf16_on_the_worker():
+def test_a_model_trained_under_bf16_autocast_compiles_in_bf16_on_the_worker(trained_with):
     """Autocast is per thread, and Dynamo leaves the cell's autocast out of the graph it captures:
     the compiler traces each op's dtype from the state it runs under. Compiled on tpunb's worker
     (autocast off there) a bf16 GPT-2 ran in fp32 on the chip: 70 ms a step against 51 ms
     compiled on the notebook thread, 3 GiB more memory, losses apart from strict's."""
-    torch._dynamo.reset()
     compiler = aot_autograd(fw_compiler=dtypes_fixed_when_traced, bw_compiler=dtypes_fixed_when_traced)
-    trained = TrainedModules(GraphCache(on_compiled=lambda name, variant: None), compiler)
+    trained = trained_with(compiler)
     with torch.autocast("cpu", torch.bfloat16, cache_enabled=False):
         expected = train(fresh(), 10)
         loop = Loop(fresh())
@@ -374,12 +388,11 @@ def test_a_model_trained_under_bf16_autocast_compiles_in_bf16_on_the_worker():
             trained.cache.wait_idle()
             compiled_before = trained.compiled_calls["Model"]
             got += loop.run(2)
-    torch._dynamo.reset()
     assert trained.compiled_calls["Model"] == compiled_before + 2  # the last two ran compiled
     assert got == pytest.approx(expected, rel=1e-6)
 
 
-def test_the_worker_compiles_with_the_compiler_settings_the_notebook_set():
+def test_the_worker_compiles_with_the_compiler_settings_the_notebook_set(trained_with):
     """torch's config values are context variables: a new thread sees their defaults. TorchTPU
     sets Dynamo's ``trace_autograd_ops`` at import, a user Inductor's options; the worker's
     compile must see them as a compile on the notebook's thread would."""
@@ -391,15 +404,13 @@ def test_the_worker_compiles_with_the_compiler_settings_the_notebook_set():
         seen.append(inductor_config.fallback_random)
         return lookup_backend("aot_eager")(graph, examples)
 
-    torch._dynamo.reset()
-    trained = TrainedModules(GraphCache(on_compiled=lambda name, variant: None), compiler)
+    trained = trained_with(compiler)
     loop = Loop(fresh())
     with inductor_config.patch(fallback_random=not inductor_config.fallback_random):
         wanted = inductor_config.fallback_random
         with trained.scope():
             loop.run(4)
             trained.cache.wait_idle()
-    torch._dynamo.reset()
     assert seen and set(seen) == {wanted}
 
 
@@ -417,7 +428,7 @@ class Broken(torch.nn.Module):
         return self.b(h)
 
 
-def test_a_call_captured_as_several_graphs_does_not_wait_for_the_first_ones_compile():
+def test_a_call_captured_as_several_graphs_does_not_wait_for_the_first_ones_compile(trained_with):
     """Once Dynamo hands the call's first graph over, the worker takes the compiler's lock for
     that graph's compile (seconds, on a chip a minute): the rest of the call, captured on the
     notebook thread, must not wait for it. (On the chip a GPT-2 step stalled 15 s at its swap.)"""
@@ -428,8 +439,7 @@ def test_a_call_captured_as_several_graphs_does_not_wait_for_the_first_ones_comp
         compiled.set()
         return lookup_backend("aot_eager")(graph, examples)
 
-    torch._dynamo.reset()
-    trained = TrainedModules(GraphCache(on_compiled=lambda name, variant: None), slow)
+    trained = trained_with(slow)
     torch.manual_seed(0)
     model = Broken()
     loop = Loop(model)
@@ -442,5 +452,3 @@ def test_a_call_captured_as_several_graphs_does_not_wait_for_the_first_ones_comp
             assert trained.captured_calls["Broken"] == 2
     finally:
         release.set()
-        trained.cache.wait_idle()
-        torch._dynamo.reset()
