@@ -77,9 +77,9 @@ class GroupStatus(StrEnum):
     HIT = "hit"  # ran compiled code the cache already had
     MISS = "miss"  # seen first: ran op by op (or compiled first, with --sync-compile)
     COMPILING = "compiling"  # ran op by op while its compile runs in the background
-    EAGER = "eager"  # ran op by op, not compiled now: too small, warming, storming or once a
-    # cell (plan.py), its compile failed or is off, Dynamo refused it, or (hot calls and steps)
-    # not yet paid for
+    OP_BY_OP = "op by op"  # ran op by op, not compiled now: too small, warming, storming or once
+    # a cell (plan.py), its compile failed or is off, Dynamo refused it, or (hot calls and steps)
+    # not yet paid for. (Not "eager": that word is torch's mode, and TorchTPU's.)
     COMPILED = "compiled"  # (views) its background compile has finished since it last ran
     COMPILE_FAILED = "compile failed"  # (views, and runtimes that compile as they run) it failed
 

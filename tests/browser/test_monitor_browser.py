@@ -27,7 +27,7 @@ CELLS = [
 
 STATUS_CELLS = ".tpunb-group-table tbody td.tpunb-col-status"
 TRIGGER_CELLS = ".tpunb-group-table tbody td.tpunb-col-trigger"
-#: What a row's status says (monitor.js STATUS_WORDS), never the engine's hit / miss / eager.
+#: What a row's status says (monitor.js STATUS_WORDS), never the engine's hit / miss / op by op.
 PLAIN_STATUS = r"compiled|compiled now|first seen|compiling( \d+\.\ds)?|as strict|compile failed"
 
 RUNNING = "() => [...document.querySelectorAll('.jp-InputPrompt')].some(p => p.textContent.includes('*'))"

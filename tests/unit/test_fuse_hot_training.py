@@ -309,7 +309,7 @@ def test_by_default_a_short_loop_runs_its_hot_call_and_step_eagerly_and_compiles
     assert isinstance(hot, HotCall) and hot.payoff[Regime.TRAINING].eager_runs > 0
     rows = {(g.key, g.status, g.plan) for g in seen if getattr(g, "whole_call", False)}
     # one row each says why they are not compiled yet; none ran compiled
-    assert rows == {(key, "eager", UNTIL_PAID_FOR) for key in ("Net-training", "SGD-step")}, rows
+    assert rows == {(key, "op by op", UNTIL_PAID_FOR) for key in ("Net-training", "SGD-step")}, rows
 
 
 def logging_clipped_step(model, optimizer, step: int) -> float:

@@ -232,7 +232,7 @@ def test_hot_calls_and_steps_never_wait_for_the_compile_worker():
     assert waited == [False]
     busy = whole_calls(bus, "-training") + whole_calls(bus, OPTIMIZER_STEP_SUFFIX)
     assert {g.key for g in busy} == {"Sequential-training", "AdamW" + OPTIMIZER_STEP_SUFFIX}, busy
-    waiting = (GroupStatus.EAGER, COMPILER_BUSY, None)
+    waiting = (GroupStatus.OP_BY_OP, COMPILER_BUSY, None)
     assert all((g.status, g.plan, g.miss_reason) == waiting for g in busy), busy
     # they asked nothing of the cache: its counters hold the recorded groups only
     assert engine.cache.counters.requests == len(bus.recent("group")) - len(busy)
@@ -385,7 +385,7 @@ def test_calls_past_dynamos_recompile_limit_run_uncompiled_and_say_so():
         losses = [step(model, opt, n) for n in sizes]
     assert losses == pytest.approx([step(twin, twin_opt, n) for n in sizes], rel=1e-5)
     records = whole_calls(bus, "-training")
-    assert [r.status for r in records] == ["miss", "miss", "eager", "eager"], records
+    assert [r.status for r in records] == ["miss", "miss", "op by op", "op by op"], records
     assert records[0].miss_reason is None and "shape" in records[1].miss_reason  # then a recompile
     assert records[-1].miss_reason.startswith("run uncompiled: Dynamo's limit of 2 compiled versions")
     assert "shape" in records[-1].miss_reason

@@ -90,7 +90,7 @@ def test_a_hot_call_runs_eagerly_then_compiled_then_as_its_timings_say_with_stri
     groups = [g for g in seen if isinstance(g, FusionGroup) and g.key == "Linear-training"]
     statuses = [g.status for g in groups]
     first = groups[0]
-    assert (first.status, first.plan, first.miss_reason) == ("eager", UNTIL_PAID_FOR, None), first
+    assert (first.status, first.plan, first.miss_reason) == ("op by op", UNTIL_PAID_FOR, None), first
     assert "hit" in statuses, statuses
     payoff = model._compiled_call_impl.payoff[Regime.TRAINING]
     assert payoff.spent_s >= 0.05 and len(payoff.compiled_s) == COMPARED_RUNS
@@ -99,7 +99,7 @@ def test_a_hot_call_runs_eagerly_then_compiled_then_as_its_timings_say_with_stri
     # a Linear built again runs eagerly first too if compiled proved slower (hotcode.py)
     assert model._compiled_call_impl.code(Regime.TRAINING).slower == payoff.slower
     if payoff.slower:  # no compiled run after it
-        assert statuses[statuses.index("eager", statuses.index("hit")) :] == ["eager"], statuses
+        assert statuses[statuses.index("op by op", statuses.index("hit")) :] == ["op by op"], statuses
     strict_model, strict_losses = train(None, len(losses), [])
     assert losses == pytest.approx(strict_losses, rel=1e-5, abs=1e-6)
     torch.testing.assert_close(model.weight, strict_model.weight)

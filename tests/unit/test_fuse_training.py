@@ -155,7 +155,7 @@ def test_a_tiny_group_runs_op_by_op_and_never_compiles():
     for _ in range(3):
         with engine.scope(COMPILED):  # compile at once, were it worth it
             assert (x * 2 + 1).relu().sum().item() == pytest.approx(expected)
-    assert [g.status for g in bus.recent("group")] == ["miss", "eager", "eager"]
+    assert [g.status for g in bus.recent("group")] == ["miss", "op by op", "op by op"]
     assert engine.stats()["compiles"] == 0
 
 
@@ -205,7 +205,7 @@ def test_a_shape_storm_stops_compiling_and_warns():
     for _ in range(4):
         with engine.scope(COMPILED):
             (padded * 2 + 1).sum().materialized()
-    assert [g.status for g in bus.recent("group")][-4:] == ["miss", "eager", "hit", "hit"]
+    assert [g.status for g in bus.recent("group")][-4:] == ["miss", "op by op", "hit", "hit"]
     assert engine.stats()["compiles"] == 9
 
 
@@ -300,7 +300,7 @@ def test_groups_stay_aligned_with_steps_when_a_step_is_longer_than_a_group():
     assert [g.key for g in groups[-2 * per_step : -per_step]] == [key for key, _ in last_step]
     # every group hits but a tiny tail (a few ops on this small model), which runs op by op
     assert all(
-        g.status == "hit" or (g.status == "eager" and g.ops <= TINY_OPS) for g in groups[-per_step:]
+        g.status == "hit" or (g.status == "op by op" and g.ops <= TINY_OPS) for g in groups[-per_step:]
     ), last_step
     assert any(status == "hit" for _, status in last_step)
 

@@ -20,8 +20,8 @@ def folded_bus() -> tuple[EventBus, GroupRows]:
 def test_a_loops_flushes_fold_into_one_row_per_group_with_counts_and_the_latest_record():
     bus, fold = folded_bus()
     step, logging = (
-        replace(group("eager", 1.0, 2.0, None), key="step"),
-        replace(group("eager", 1.0, 1.0, None), key="log"),
+        replace(group("op by op", 1.0, 2.0, None), key="step"),
+        replace(group("op by op", 1.0, 1.0, None), key="log"),
     )
     bus.publish(step)
     for n in range(853):
@@ -29,7 +29,10 @@ def test_a_loops_flushes_fold_into_one_row_per_group_with_counts_and_the_latest_
         if n % 100 == 0:
             bus.publish(replace(logging, time=1000.0 + n))
     rows = fold.rows(now=2000.0, limit=GROUPS_SHOWN)
-    assert [(r["key"], r["count"], r["status"]) for r in rows] == [("step", 854, "hit"), ("log", 9, "eager")]
+    assert [(r["key"], r["count"], r["status"]) for r in rows] == [
+        ("step", 854, "hit"),
+        ("log", 9, "op by op"),
+    ]
     assert rows[0]["run_ms"] == 852.0  # the latest run's times
 
 

@@ -125,7 +125,7 @@ def group(
 
 
 def test_fused_says_once_for_the_cell_when_recording_costs_more_than_running_the_ops():
-    steps = [group("eager", 20.0, 6.0, 6.0)] + [group("hit", 21.0, 2.0, 6.0) for _ in range(9)]
+    steps = [group("op by op", 20.0, 6.0, 6.0)] + [group("hit", 21.0, 2.0, 6.0) for _ in range(9)]
     note = fused_slower(steps, compiled=False)
     assert note == (
         "fused is slower here: 10 groups spent 209.0 ms recording 7600 ops and 24.0 ms running them; "
@@ -140,7 +140,7 @@ def test_fused_says_once_for_the_cell_when_recording_costs_more_than_running_the
 
 
 def test_groups_that_ran_op_by_op_count_too_so_a_cold_cell_says_so():
-    note = fused_slower([group("eager", 21.0, 6.0, 6.0), group("miss", 21.0, 6.0, 6.0)], compiled=False)
+    note = fused_slower([group("op by op", 21.0, 6.0, 6.0), group("miss", 21.0, 6.0, 6.0)], compiled=False)
     assert note is not None and note.startswith("fused is slower here: 2 groups spent 42.0 ms recording")
 
 

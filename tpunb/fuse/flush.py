@@ -54,9 +54,9 @@ from tpunb.value_reads import flush_reason
 #: How a group ran, by its variant's state; all but a hit replay op by op.
 STATUS_OF = {
     VariantState.READY: GroupStatus.HIT,
-    VariantState.SEEN: GroupStatus.EAGER,
+    VariantState.SEEN: GroupStatus.OP_BY_OP,
     VariantState.COMPILING: GroupStatus.COMPILING,
-    VariantState.FAILED: GroupStatus.EAGER,
+    VariantState.FAILED: GroupStatus.OP_BY_OP,
 }
 
 

@@ -111,7 +111,7 @@ def publish_whole_call(
     if compiled:
         status = GroupStatus.MISS
     elif uncompiled:
-        status = GroupStatus.EAGER
+        status = GroupStatus.OP_BY_OP
     else:
         status = GroupStatus.COMPILING if compiling else GroupStatus.HIT
     publish(

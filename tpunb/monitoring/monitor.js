@@ -121,7 +121,7 @@ const GROUP_COLUMNS = [
 // a row's status in the user's words (its GroupStatus stays the row's class, for the colour);
 // why it ran so, and what it waits for, is the status cell's tooltip (the row's plan)
 const STATUS_WORDS = {
-  hit: "compiled", miss: "first seen", compiling: "compiling", eager: "as strict",
+  hit: "compiled", miss: "first seen", compiling: "compiling", "op by op": "as strict",
   compiled: "compiled", "compile failed": "compile failed",
 };
 
@@ -157,7 +157,7 @@ function groupsSection(state, model) {
   const body = table.createTBody();
   for (const group of state.groups || []) {
     const row = body.insertRow();
-    row.className = `tpunb-status-${group.status.replace(" ", "-")}`;
+    row.className = `tpunb-status-${group.status.replaceAll(" ", "-")}`;
     row.title = `key ${group.key} · recorded at ${group.source}${group.plan ? ` · ${group.plan}` : ""}`;
     const topOps = Object.entries(group.top_ops).map(([name, n]) => `${name}×${n}`).join(" ");
     const shapes = group.input_shapes.map((s) => `[${s.join(",")}]`).join(" ");
