@@ -113,6 +113,8 @@ class Row:
     loss_diff: float
     loss_fell: bool
     error: str | None = None
+    #: the first and the warm run's summary lines (what compiled, what waited), for --json
+    summaries: tuple[str | None, ...] = ()
 
 
 def measure(
@@ -136,7 +138,9 @@ def measure(
     cells.ok("del model, optimizer")
     fell = losses[-1] < losses[0]
     mfu = flops / peak_flops()
-    return Row(model, loop, precision, mode, first.seconds, tokens_per_s, mfu, diff, fell), losses
+    row = Row(model, loop, precision, mode, first.seconds, tokens_per_s, mfu, diff, fell)
+    row.summaries = (first.summary, warm.summary)
+    return row, losses
 
 
 #: The elementwise chain (the research note's): 1,500 ops on 256 x 1024 at the cell's top level,
@@ -252,6 +256,8 @@ def main() -> int:
                 strict = losses or None
             rows.append(row)
             print(table(rows).splitlines()[-1], flush=True)
+            for summary in row.summaries:
+                print(f"{'':8}{summary}", flush=True)
         if args.jax and model == "gpt2" and precision == "bf16":
             rows.append(jax_row(loop, args.steps))
             print(table(rows).splitlines()[-1], flush=True)
