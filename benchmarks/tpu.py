@@ -111,10 +111,15 @@ class Row:
     tokens_per_s: float
     mfu: float
     loss_diff: float
-    loss_fell: bool
+    loss_fell: bool | None  # None: no loss (the chain)
     error: str | None = None
     #: the first and the warm run's summary lines (what compiled, what waited), for --json
     summaries: tuple[str | None, ...] = ()
+
+
+def failed_row(model: str, loop: str, precision: str, mode: str, first) -> Row:
+    """A mode whose first run failed: its seconds and its error."""
+    return Row(model, loop, precision, mode, first.seconds, 0.0, 0.0, float("nan"), False, repr(first.error))
 
 
 def measure(
@@ -126,9 +131,7 @@ def measure(
     first = cells.run(train)
     if first.error is not None:
         cells.run("del model, optimizer")
-        return Row(
-            model, loop, precision, mode, first.seconds, 0.0, 0.0, float("nan"), False, repr(first.error)
-        ), []
+        return failed_row(model, loop, precision, mode, first), []
     losses = [float(x) for x in cells.value("losses")]
     warm = cells.run(train)
     tokens_per_s = steps * BATCH * SEQUENCE / warm.seconds
@@ -162,27 +165,14 @@ def chain_rows(cells, modes: list[str]) -> list[Row]:
     for mode in modes:
         first = cells.run(f"%%tpu_mode {mode}\n{CHAIN}")
         if first.error is not None:
-            rows.append(
-                Row(
-                    "chain",
-                    "-",
-                    "fp32",
-                    mode,
-                    first.seconds,
-                    0.0,
-                    0.0,
-                    float("nan"),
-                    False,
-                    repr(first.error),
-                )
-            )
+            rows.append(failed_row("chain", "-", "fp32", mode, first))
             continue
         value = cells.value("chain_sum")
         reference = value if reference is None else reference
         warm = cells.run(f"%%tpu_mode {mode}\n{CHAIN}")
         diff = abs(value - reference) / abs(reference)
         rows.append(
-            Row("chain", "-", "fp32", mode, first.seconds, 256 * 1024 / warm.seconds, 0.0, diff, True)
+            Row("chain", "-", "fp32", mode, first.seconds, 256 * 1024 / warm.seconds, 0.0, diff, None)
         )
     return rows
 
@@ -219,7 +209,8 @@ def table(rows: list[Row]) -> str:
         lines.append(
             f"{r.model:<6} {r.loop:<7} {r.precision:<5} {r.mode:<21} {r.first_s:>8.1f} "
             f"{r.tokens_per_s:>9.0f} {ratio:>7.2f}x {r.mfu:>6.1%} {r.loss_diff:>9.1e} "
-            f"{'yes' if r.loss_fell else 'NO'}" + (f"  {r.error[:120]}" if r.error else "")
+            f"{'-' if r.loss_fell is None else 'yes' if r.loss_fell else 'NO'}"
+            + (f"  {r.error[:120]}" if r.error else "")
         )
     return "\n".join(lines)
 
