@@ -36,8 +36,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,13 +84,15 @@ matmul_weights += head.weight.numel() if head is not None and id(head.weight) in
 """
 
 TRAIN = """
-losses = []
+import time
+losses, step_ends = [], [time.perf_counter()]
 for step in range({{steps}}):
     loss = model(input_ids=ids, labels=labels).loss
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()
     losses.append({kept})
+    step_ends.append(time.perf_counter())
 {after}"""
 
 #: Each step's loss read at once, or kept on the device until the loop ends (TorchTPU's
@@ -115,6 +118,23 @@ class Row:
     error: str | None = None
     #: the first and the warm run's summary lines (what compiled, what waited), for --json
     summaries: tuple[str | None, ...] = ()
+    #: the first run's seconds per step (where a "reads" loop's first run spent its time)
+    first_steps: list[float] = field(default_factory=list)
+
+
+def steps_in_words(seconds: list[float]) -> str:
+    """A first run's steps, in one line: its first step, the slowest after it, the median of the
+    first and of the last half, so that a compile's stall and its swap show."""
+    if len(seconds) < 4:
+        return "steps: " + ", ".join(f"{s:.3f}" for s in seconds) + " s"
+    half = len(seconds) // 2
+    rest = seconds[1:]
+    slowest = max(range(len(rest)), key=rest.__getitem__) + 1
+    return (
+        f"steps: first {seconds[0]:.2f} s, slowest after it {seconds[slowest]:.2f} s (step {slowest}), "
+        f"median {statistics.median(seconds[:half]) * 1e3:.0f} ms in the first half, "
+        f"{statistics.median(seconds[half:]) * 1e3:.0f} ms in the second"
+    )
 
 
 def failed_row(model: str, loop: str, precision: str, mode: str, first) -> Row:
@@ -133,6 +153,8 @@ def measure(
         cells.run("del model, optimizer")
         return failed_row(model, loop, precision, mode, first), []
     losses = [float(x) for x in cells.value("losses")]
+    ends = cells.value("step_ends")
+    first_steps = [b - a for a, b in itertools.pairwise(ends)]
     warm = cells.run(train)
     tokens_per_s = steps * BATCH * SEQUENCE / warm.seconds
     flops = 6 * cells.value("matmul_weights") * tokens_per_s
@@ -143,6 +165,7 @@ def measure(
     mfu = flops / peak_flops()
     row = Row(model, loop, precision, mode, first.seconds, tokens_per_s, mfu, diff, fell)
     row.summaries = (first.summary, warm.summary)
+    row.first_steps = first_steps
     return row, losses
 
 
@@ -247,8 +270,8 @@ def main() -> int:
                 strict = losses or None
             rows.append(row)
             print(table(rows).splitlines()[-1], flush=True)
-            for summary in row.summaries:
-                print(f"{'':8}{summary}", flush=True)
+            for said in (*row.summaries, steps_in_words(row.first_steps) if row.first_steps else None):
+                print(f"{'':8}{said}", flush=True)
         if args.jax and model == "gpt2" and precision == "bf16":
             rows.append(jax_row(loop, args.steps))
             print(table(rows).splitlines()[-1], flush=True)

@@ -135,6 +135,36 @@ def test_a_model_compiled_in_the_background_runs_in_the_cells_precision(cells) -
     assert worst <= TOLERANCE["bf16"], f"fused: {got}\nstrict: {expected}"
 
 
+#: A GPT-2 whose compiled graphs take a while to re-trace (6 layers, 384 wide), 30 steps a cell.
+GPT2_WIDER = Workload(
+    "gpt2-wider",
+    build=GPT2_ADAMW.build.replace("n_layer=2, n_embd=128, n_head=4", "n_layer=6, n_embd=384, n_head=6"),
+    train=GPT2_ADAMW.train.replace("range(6)", "range(30)"),
+)
+
+
+def test_a_model_compiled_again_in_the_background_trains_on(cells) -> None:
+    """Compiled whole once, then again after Dynamo forgot it (as in a kernel started later, with
+    AOTAutograd's disk cache holding its graphs), its steps running as captured meanwhile: the
+    worker's compile must not break the cell's module calls. (AOTAutograd's cache lookup
+    re-traces cached graphs with every module call in the process patched: on a v5e, a GPT-2
+    this size failed with "NameError: module is not installed as a submodule" every time.)"""
+    trained = "tpunb.session.get_session().runtime._trained()"
+    waited = "tpunb.session.get_session().runtime.wait_for_background_compiles()"
+    assert "n_layer=6" in GPT2_WIDER.build
+    expected = train(cells, GPT2_WIDER, "bf16", "strict")
+    before = cells.value(f"{trained}.pays_off_after_s")
+    cells.ok(f"{trained}.pays_off_after_s = 0.0")  # hot at its second step, compiled meanwhile
+    try:
+        for _ in range(2):
+            cells.ok(f"{waited}\ntorch._dynamo.reset()")
+            got = train(cells, GPT2_WIDER, "bf16", "fused")
+            worst = max(abs(a - b) / abs(b) for a, b in zip(got, expected, strict=True))
+            assert worst <= TOLERANCE["bf16"], f"fused: {got}\nstrict: {expected}"
+    finally:
+        cells.ok(f"{waited}\n{trained}.pays_off_after_s = {before}")
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_dropout_draws_strict_masks_in_every_mode(cells, precision: str) -> None:
     """Strict's losses and the random stream after the loop, the model compiled whole (fused with

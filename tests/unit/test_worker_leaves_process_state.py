@@ -129,3 +129,37 @@ def test_a_compiled_function_called_while_the_worker_traces_is_compiled_not_run_
     assert torch.equal(double(torch.ones(3)), torch.full((3,), 2.0))
     future.result()
     assert counters["frames"]["ok"] > frames, "the call ran uncompiled beside the worker's trace"
+
+
+def test_a_compile_job_reads_no_autograd_cache_while_the_notebook_keeps_its_own():
+    """A TorchTPU compile on the worker runs without AOTAutograd's cache (its lookup re-traces
+    cached graphs with a tracer that patches every module call in the process); the notebook
+    thread, meanwhile and after, keeps the cache as configured."""
+    from torch._functorch import config
+
+    from tpunb.fuse.cache import GraphCache, Variant
+    from tpunb.fuse.workarounds import autograd_cache_off_on_worker
+
+    inside, release = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def job() -> tuple[None, str]:
+        with autograd_cache_off_on_worker():
+            seen.append(config.enable_autograd_cache)
+            inside.set()
+            assert release.wait(30)
+        seen.append(config.enable_autograd_cache)
+        return None, ""
+
+    configured = config.enable_autograd_cache
+    assert configured, "torch's default: AOTAutograd's cache on"
+    cache = GraphCache(on_compiled=lambda name, variant: None)
+    variant = Variant(lifted={})
+    cache.compile("g", variant, job, wait=False)
+    assert inside.wait(30)
+    during = config.enable_autograd_cache  # read on the notebook thread while the job holds it off
+    release.set()
+    variant.future.result()
+    with autograd_cache_off_on_worker():  # off the worker: as configured
+        here = config.enable_autograd_cache
+    assert seen == [False, configured] and during == here == configured == config.enable_autograd_cache

@@ -111,6 +111,25 @@ def compile_calls_beside_worker_traces() -> None:
         config.force_compile_during_fx_trace = True
 
 
+def autograd_cache_off_on_worker() -> contextlib.AbstractContextManager[Any]:
+    """On the compile worker, AOTAutograd's cache is neither read nor written for the block.
+
+    Its lookup unpickles each cached candidate's graph, and FX rebuilds a pickled GraphModule by
+    tracing its code with a tracer that patches ``torch.nn.Module.__call__`` process-wide. A
+    module the notebook thread called meanwhile was routed into that tracer and failed
+    ("NameError: module is not installed as a submodule"): seen on a v5e, TorchTPU's compile of
+    a GPT-2 turned hot in a fused cell, once the machine's cache held that graph from an earlier
+    run, every time, its captured graph running beside the compile. Torch 2.13's config values
+    are per context (each job runs in a copy of the notebook's), so the notebook thread keeps
+    its own setting. Off the worker (``--sync-compile`` compiles on the notebook thread, which
+    calls no module meanwhile) the cache is used as configured."""
+    if not on_compile_worker():
+        return contextlib.nullcontext()
+    from torch._functorch import config
+
+    return config_values(config, enable_autograd_cache=False)
+
+
 def skip_dynamo_in(code: CodeType) -> bool:
     """Dynamo leaves frames of ``code``, and every frame they call, alone: the engine's
     dispatch entry point runs inside torch.compile'd code (a compiled function called in a

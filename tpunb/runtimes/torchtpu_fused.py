@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from tpunb.fuse.compilers import Compile
+from tpunb.fuse.workarounds import autograd_cache_off_on_worker
 from tpunb.runtimes.torchtpu_compile import attention_mask_files, off_device, run_as_written
 
 #: What capturing and compiling a trained model costs a fused cell on the chip, for the rent
@@ -33,13 +34,16 @@ TPU_COMPILE_COST_S = 30.0
 
 def on_the_chip_only(backend: Compile) -> Compile:
     """``backend`` for graphs whose every tensor is on the TPU: TorchTPU fails or aborts the
-    process on one that takes or makes a CPU tensor (torchtpu_compile.py)."""
+    process on one that takes or makes a CPU tensor (torchtpu_compile.py). On the compile
+    worker it compiles without AOTAutograd's cache (``autograd_cache_off_on_worker``): its
+    persistent tier-3 cache keeps the compiled programs for a later kernel."""
 
     def compile_training(graph: torch.fx.GraphModule, examples: list[Any]) -> Callable[..., Any]:
         stray = off_device(graph, examples, "tpu")
         if stray:
             raise OffTheChip(f"left as captured, op by op: tensors off the TPU ({', '.join(stray[:3])})")
-        return backend(graph, examples)
+        with autograd_cache_off_on_worker():
+            return backend(graph, examples)
 
     return compile_training
 
