@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from tpunb.events import CellRun
 from tpunb.modes import MODE_DESCRIPTIONS, Mode
 from tpunb.runtimes import (
+    CAPTURE_WAITED,
     COMPILED_WHOLE,
     MODEL_FLOPS,
     STEPS_NOT_COMPILED,
@@ -97,6 +98,9 @@ def cell_summary(record: CellRun) -> str:
         counted = counted_part(record.counters, prefix)
         if counted:
             parts.append(counted)
+    waited = capture_wait_part(record.counters)
+    if waited:
+        parts.append(waited)
     if all_steps_compiled(record.counters) and record.wall_s > 0:
         parts.append(model_flops_part(record.counters[MODEL_FLOPS] / record.wall_s, record.peak_flops))
     if record.groups:
@@ -124,6 +128,21 @@ def counted_part(counters: dict[str, float], prefix: str) -> str | None:
             noun = f"{head}s {rest}" if count != 1 else f"{head} {rest}"
             counted.append(f"{int(count)} {noun.strip()}")
     return f"{prefix}{', '.join(counted)}" if counted else None
+
+
+def capture_wait_part(counters: dict[str, float]) -> str | None:
+    """The seconds a fused cell waited while Dynamo captured its trained models on the
+    notebook's thread, once per model and shape: a wait no compile was asked for (a GPT-2 on a
+    v5e: one step of 26.5 s in a 300-step cell), so the line says it."""
+    waited = {
+        key.removeprefix(CAPTURE_WAITED): seconds
+        for key, seconds in counters.items()
+        if key.startswith(CAPTURE_WAITED) and seconds > 0
+    }
+    total = sum(waited.values())
+    if total < WAIT_WORTH_SAYING_S:
+        return None
+    return f"waited {total:.2f} s while Dynamo captured {', '.join(waited)} on this thread"
 
 
 def all_steps_compiled(counters: dict[str, float]) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from tpunb.advice import CellTimes, fused_overhead, fused_slower
 from tpunb.events import CellRun, FusionGroup
 from tpunb.report import cell_summary, format_bytes, format_memory
-from tpunb.runtimes import MODEL_FLOPS, STEPS_NOT_COMPILED, MemoryInfo
+from tpunb.runtimes import CAPTURE_WAITED, MODEL_FLOPS, STEPS_NOT_COMPILED, MemoryInfo
 
 
 def test_bytes_read_naturally_and_unknown_is_not_zero():
@@ -56,6 +56,20 @@ def test_a_fused_cell_says_which_model_ran_compiled_whole():
         "[tpunb] fused · 1.23 s · compiled whole: 9 calls of GPT2LMHeadModel · "
         "ran as captured while compiling: 1 call of GPT2LMHeadModel · cache 4 hit / 0 miss"
     )
+
+
+def test_a_fused_cell_says_how_long_it_waited_while_its_model_was_captured():
+    counters = {
+        "ran as captured while compiling: call of GPT2LMHeadModel": 170,
+        CAPTURE_WAITED + "GPT2LMHeadModel": 26.53,
+    }
+    line = cell_summary(run(mode="fused", counters=counters))
+    assert line == (
+        "[tpunb] fused · 1.23 s · ran as captured while compiling: 170 calls of GPT2LMHeadModel · "
+        "waited 26.53 s while Dynamo captured GPT2LMHeadModel on this thread"
+    )
+    quick = {CAPTURE_WAITED + "Net": 0.01}
+    assert cell_summary(run(mode="fused", counters=quick)) == "[tpunb] fused · 1.23 s"
 
 
 def test_a_fused_cell_gives_its_compiled_models_flop_rate_against_the_devices_peak():

@@ -323,6 +323,24 @@ def test_a_module_turns_hot_once_its_steps_have_paid_for_a_compile_and_at_once_w
         done = [made.variant.done for made in trained.hot[model].made]
         assert done and all(d is not None and d.fn is not None for d in done), done
         assert trained.compiled_calls["Model"] == 1
+    assert not trained.capture_s, "--sync-compile asked for the call's wait: not counted as unasked"
+
+
+def test_the_call_that_captures_a_module_counts_its_wait_by_class(trained):
+    """The summary line says how long a cell waited while Dynamo captured its model on the
+    notebook's thread (report.py): the captured call's seconds, counted once per capture."""
+    model = fresh()
+    loop = Loop(model)
+    with trained.scope():
+        started = time.perf_counter()
+        loop.run(4)  # hot after its second step; its third call captured
+        spent = time.perf_counter() - started
+        trained.cache.wait_idle()
+        assert model in trained.hot
+        waited = trained.capture_s["Model"]
+        loop.run(2)
+    assert list(trained.capture_s) == ["Model"] and 0 < waited < spent
+    assert trained.capture_s["Model"] == waited, "calls after the capture waited for none"
 
 
 def test_a_steps_cost_counts_the_wait_between_steps_not_the_gap_between_cells(trained):

@@ -130,6 +130,9 @@ class TrainedModules:
         #: calls run compiled, and run as captured while compiling, by module class (counters)
         self.compiled_calls: Counter[str] = Counter()
         self.captured_calls: Counter[str] = Counter()
+        #: seconds of the calls during which Dynamo captured a module (on the notebook's thread),
+        #: by module class: what a cell without --sync-compile waited for unasked
+        self.capture_s: Counter[str] = Counter()
         #: FLOPs the compiled calls ran, forward and backward (flops.py), for the cell's MFU;
         #: steps of trained modules not yet hot (their FLOPs unknown), which leave a cell's MFU out
         self.model_flops = 0.0
@@ -239,13 +242,16 @@ class TrainedModules:
                     self._refuse(module, error)
                 else:
                     as_it_is = not may_compile and backend.runs.count == runs  # the worker was busy
+                    captured = len(backend.made) > graphs
+                    if captured and not self._sync:  # (--sync-compile asked for the wait)
+                        self.capture_s[name] += time.perf_counter() - started
                     if backend.compiling or as_it_is:
                         self.captured_calls[name] += 1
                     elif backend.all_compiled:
                         self.compiled_calls[name] += 1
                     self.model_flops += backend.runs.flops - flops
                     if self.publish is not None:
-                        self.publish(call_row(name, backend, len(backend.made) > graphs, started))
+                        self.publish(call_row(name, backend, captured, started))
                     return out
             return module._call_impl(*args, **kwargs)
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from tpunb.events import Record
 from tpunb.runtimes.base import (
+    CAPTURE_WAITED,
     COMPILED_WHOLE,
     CPU_FALLBACK,
     MODEL_FLOPS,
@@ -33,6 +34,7 @@ ADAPTERS: dict[str, str] = {
 
 __all__ = [
     "ADAPTERS",
+    "CAPTURE_WAITED",
     "COMPILED_WHOLE",
     "CPU_FALLBACK",
     "MODEL_FLOPS",

@@ -170,6 +170,9 @@ UNCOMPILED = "ran uncompiled: "
 #: captured while its compile was under way.
 COMPILED_WHOLE = "compiled whole: "
 WHILE_COMPILING = "ran as captured while compiling: "
+#: Prefix of ``Runtime.counters`` keys: the seconds a fused cell's calls of a model waited while
+#: Dynamo captured it on the notebook's thread, by model class ("GPT2LMHeadModel").
+CAPTURE_WAITED = "waited while Dynamo captured: "
 #: ``Runtime.counters`` key: the FLOPs those compiled calls ran, forward and backward.
 MODEL_FLOPS = "model FLOPs compiled whole"
 #: ``Runtime.counters`` key: training steps of such models that ran before they were compiled

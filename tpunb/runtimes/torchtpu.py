@@ -35,6 +35,7 @@ from tpunb.fuse.disk_cache import user_cache_root
 from tpunb.fuse.trained_modules import TrainedModules, global_hooks_warning
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import (
+    CAPTURE_WAITED,
     COMPILED_WHOLE,
     MODEL_FLOPS,
     STEPS_NOT_COMPILED,
@@ -346,6 +347,7 @@ class TorchTpuRuntime:
                 (WHILE_COMPILING, self._trained_modules.captured_calls),
             ):
                 counts.update({f"{prefix}call of {name}": count for name, count in calls.items()})
+            counts.update({CAPTURE_WAITED + name: s for name, s in self._trained_modules.capture_s.items()})
             counts[MODEL_FLOPS] = self._trained_modules.model_flops
             counts[STEPS_NOT_COMPILED] = self._trained_modules.steps_not_compiled
         stats = self._perf_stats()
