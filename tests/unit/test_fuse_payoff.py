@@ -10,7 +10,8 @@ import torch
 
 from tpunb.events import FusionGroup
 from tpunb.fuse import FuseOptions, FusionEngine
-from tpunb.fuse.config import COMPARED_RUNS, COMPILE_COST_S
+from tpunb.fuse.config import COMPARED_RUNS, COMPILE_COST_S, MIN_SAVING
+from tpunb.fuse.hotcode import architecture, lineage
 from tpunb.fuse.payoff import Payoff
 from tpunb.fuse.plan import Regime
 from tpunb.fuse.whole_runs import UNTIL_PAID_FOR
@@ -103,3 +104,71 @@ def test_a_hot_call_runs_eagerly_then_compiled_then_as_its_timings_say_with_stri
     strict_model, strict_losses = train(None, len(losses), [])
     assert losses == pytest.approx(strict_losses, rel=1e-5, abs=1e-6)
     torch.testing.assert_close(model.weight, strict_model.weight)
+
+
+def test_a_model_defined_again_counts_only_what_compiling_saved_its_earlier_definition():
+    """Rent or buy with the measured saving: each eager run of a model defined again counts the
+    share of a call that compiling saved its earlier definition (a word-level LSTM run again
+    with ``%run`` saved 4 % and paid a fresh capture each run)."""
+    earlier = Payoff()
+    for _ in range(4):
+        earlier.ran_eagerly(20 * MS)
+    assert earlier.measured_saving() is None  # before two compiled runs
+    earlier.ran_compiled(19 * MS)
+    assert earlier.measured_saving() is None
+    earlier.ran_compiled(19 * MS)
+    assert earlier.measured_saving() == pytest.approx(0.05)
+    again = Payoff(saving=earlier.measured_saving())
+    again.ran_eagerly(0.4)
+    assert again.spent_s == pytest.approx(0.02) and not again.compiles_now(False, False, COMPILE_COST_S)
+    slower = Payoff()
+    for seconds in (MS, MS, 2 * MS, 2 * MS):
+        (slower.ran_eagerly if seconds == MS else slower.ran_compiled)(seconds)
+    assert slower.measured_saving() == MIN_SAVING  # a long loop still compiles, 50 times later
+
+
+NET = """
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.layer(x).tanh(){edit}
+"""
+
+
+def defined(edit: str = "") -> type:
+    """``Net`` defined anew from its source, as a script run again with ``%run`` defines it."""
+    namespace: dict = {"torch": torch}
+    exec(compile(NET.format(edit=edit), "net_script.py", "exec"), namespace)
+    return namespace["Net"]
+
+
+def test_a_class_defined_again_from_the_same_code_has_its_earlier_definitions_lineage():
+    first, again, edited = defined()(), defined()(), defined(" * 2")()
+    assert type(first) is not type(again)
+    assert architecture(first) != architecture(again)  # Dynamo's guards see another class
+    assert lineage(first) == lineage(again) != lineage(edited)
+
+
+def test_a_hot_call_of_a_model_defined_again_starts_from_what_compiling_saved_the_earlier_one():
+    engine = FusionEngine(torch.device("cpu"))
+    options = FuseOptions(hot_training=True, compile_after_s=2e-4)  # a few eager runs first
+    models, stored = [], []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = defined()()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with engine.scope(options, adopt=(model, optimizer)):
+            for step in range(40):
+                if step == 20:
+                    engine.cache.wait_idle()  # compiled from here: its calls hit
+                optimizer.zero_grad()
+                model(torch.ones(8, 4)).sum().backward()
+                optimizer.step()
+        models.append(model)
+        stored.append(engine.hot.codes.saving(model._compiled_call_impl.kin, Regime.TRAINING))
+    first, again = (model._compiled_call_impl.payoff[Regime.TRAINING] for model in models)
+    assert len(first.compiled_s) >= 2 and MIN_SAVING <= stored[0] <= 1.0
+    assert first.saving == 1.0 and again.saving == stored[0]  # what the first measured, as it ended

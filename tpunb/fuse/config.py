@@ -57,6 +57,10 @@ HOT_STEPS_AFTER = 2
 COMPILE_COST_S = 1.0
 #: A hot call's or step's compiled runs timed before they are compared with its eager runs.
 COMPARED_RUNS = 8
+#: The least share of an eager run a compile is taken to save for a model defined again whose
+#: earlier definition measured less (payoff.py): two compiled runs are a noisy measure, and a
+#: long loop still gets its compile (after 50 times the usual eager time).
+MIN_SAVING = 0.02
 #: A training call's step per second of its forward: autograd runs its backward later, at
 #: about twice the forward's cost (the usual 1:2 split of a step's work), unmeasured here.
 TRAINING_STEP_PER_FORWARD = 3.0

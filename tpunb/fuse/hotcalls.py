@@ -353,7 +353,10 @@ class HotCall:
         self.name = type(module).__name__
         self.architecture = architecture(module)  # whose compiled code it runs (hotcode.py)
         self._codes: dict[Regime, HotCode] = {}
-        self.payoff = {now: Payoff() for now in Regime}  # its eager and compiled runs' times
+        #: what it shares with earlier definitions of its classes (a script run again)
+        self.kin = codes.kin(module)
+        # its eager and compiled runs' times, from what compiling saved its lineage's calls
+        self.payoff = {now: Payoff(saving=codes.saving(self.kin, now)) for now in Regime}
         self.tensors = [*module.parameters(), *module.buffers()]
         self._plain_since = -1  # the count of adoptions when its tensors were last seen plain
         self.called: set[Regime] = set()  # the regimes it has run compiled in
@@ -453,9 +456,11 @@ class HotCall:
             self.called.add(now)
             code.ran_compiled = code.ran_compiled or not uncompiled
         training = now is Regime.TRAINING
+        payoff = self.payoff[now]
+        timed = len(payoff.compiled_s)
         if publish_compiled_run(
             engine,
-            self.payoff[now],
+            payoff,
             self._what,
             call_s,
             key=self.key(now),
@@ -469,6 +474,8 @@ class HotCall:
             compile_in_call=not training,
         ):
             code.slower = True  # a model built again runs eagerly first too (and times it again)
+        if len(payoff.compiled_s) != timed and (saving := payoff.measured_saving()) is not None:
+            self.codes.measured(self.kin, now, saving)  # what a model defined again starts from
         if training:
             backward_as_forward(engine, out, made)
         return mark(out)  # and if it is recorded again, it works on these: settled.py

@@ -47,6 +47,25 @@ def architecture(module: torch.nn.Module) -> Architecture:
     return (type(module), *((name, tuple(t.shape), t.dtype) for name, t in tensors))
 
 
+#: What a module shares with the modules of earlier definitions of its classes (``lineage``).
+Lineage = tuple[Any, ...]
+
+
+def lineage(module: torch.nn.Module) -> Lineage:
+    """``architecture`` with each class of the module and its submodules named by where it is
+    defined and the code of its methods, not by the class object: a script run again with
+    ``%run`` defines its classes anew, with equal code (code objects compare their bytes,
+    constants, names and line numbers), while a class edited between runs differs. What an
+    earlier definition measured about compiling its calls (``HotCodes.saving``) holds for it."""
+    classes = dict.fromkeys(type(sub) for sub in module.modules())
+    definitions = tuple((cls.__module__, cls.__qualname__, _methods(cls)) for cls in classes)
+    return (definitions, *architecture(module)[1:])
+
+
+def _methods(cls: type) -> tuple[tuple[str, Any], ...]:
+    return tuple((name, value.__code__) for name, value in vars(cls).items() if hasattr(value, "__code__"))
+
+
 @dataclass
 class HotCode:
     """One architecture's compiled call in one regime: Dynamo's entry point, the backend that
@@ -70,6 +89,22 @@ class HotCodes:
     def __init__(self, engine: HotPathEngine) -> None:
         self.engine = engine
         self._codes: dict[tuple[Architecture, Regime], HotCode] = {}
+        #: each lineage seen, numbered (a lineage hashes a tuple per tensor: hashed once)
+        self._kins: dict[Lineage, int] = {}
+        #: by lineage's number and regime: the share of an eager call its compiled call saved
+        self._savings: dict[tuple[int, Regime], float] = {}
+
+    def kin(self, module: torch.nn.Module) -> int:
+        """The number of ``module``'s lineage, the same for its earlier and later definitions."""
+        return self._kins.setdefault(lineage(module), len(self._kins))
+
+    def saving(self, kin: int, now: Regime) -> float:
+        """What compiling saved a call of lineage ``kin`` in regime ``now``, as a share of the
+        eager call (1.0, the whole call, where none was measured)."""
+        return self._savings.get((kin, now), 1.0)
+
+    def measured(self, kin: int, now: Regime, saving: float) -> None:
+        self._savings[(kin, now)] = saving
 
     def get(self, shape: Architecture, now: Regime) -> HotCode | None:
         return self._codes.get((shape, now))

@@ -142,6 +142,17 @@ UNTIL_PAID_FOR = (
 )
 
 
+def until_paid_for(saving: float) -> str:
+    """``UNTIL_PAID_FOR``, and where an earlier definition of the model measured what compiling
+    saves a call (``Payoff.saving``), that share."""
+    if saving >= 1.0:
+        return UNTIL_PAID_FOR
+    return (
+        f"{UNTIL_PAID_FOR}, counting {saving:.0%} of each run: what compiling saved a call of an "
+        "earlier definition of the same code"
+    )
+
+
 def publish_eager(engine: HotPathEngine, key: str, what: str, started: float, plan: str) -> None:
     """The group row of a hot call or step (``what``: "Net call", "AdamW.step()") that runs
     eagerly from now on, by ``plan`` (``UNTIL_PAID_FOR``, or its compiled runs proved
@@ -174,7 +185,7 @@ def count_eager_run(
     published, and the engine's time around it since ``entered`` added to its overhead."""
     spent = time.perf_counter() - started
     if payoff.ran_eagerly(spent, weight):  # one row says why nothing compiles yet
-        publish_eager(engine, key, what, started, UNTIL_PAID_FOR)
+        publish_eager(engine, key, what, started, until_paid_for(payoff.saving))
     engine.overhead_s += time.perf_counter() - entered - spent
 
 
