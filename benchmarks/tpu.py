@@ -28,7 +28,9 @@ adds a row where it is compiled from its second step, the call waiting for the c
 ``--jax`` adds the reference row for GPT-2's shape in bf16: the same model trained in plain JAX
 in this process (benchmarks/tpu_jax.py; the chip's own JAX), what leaving PyTorch would give.
 ``--chain`` adds the elementwise chain (1,500 ops at a cell's top level), per mode, its "tok/s"
-column counting elements a second.
+column counting elements a second. Each row prints its first run's steps in one line (the first,
+the slowest after it, the medians of each half: where a capture stalled a step, when the swap
+came), and ``--json`` keeps every step's seconds.
 """
 
 from __future__ import annotations
