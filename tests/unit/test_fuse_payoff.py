@@ -149,7 +149,8 @@ def test_a_class_defined_again_from_the_same_code_has_its_earlier_definitions_li
     first, again, edited = defined()(), defined()(), defined(" * 2")()
     assert type(first) is not type(again)
     assert architecture(first) != architecture(again)  # Dynamo's guards see another class
-    assert lineage(first) == lineage(again) != lineage(edited)
+    assert lineage(first, architecture(first)) == lineage(again, architecture(again))
+    assert lineage(first, architecture(first)) != lineage(edited, architecture(edited))
 
 
 def test_a_hot_call_of_a_model_defined_again_starts_from_what_compiling_saved_the_earlier_one():

@@ -354,7 +354,7 @@ class HotCall:
         self.architecture = architecture(module)  # whose compiled code it runs (hotcode.py)
         self._codes: dict[Regime, HotCode] = {}
         #: what it shares with earlier definitions of its classes (a script run again)
-        self.kin = codes.kin(module)
+        self.kin = codes.kin(module, self.architecture)
         # its eager and compiled runs' times, from what compiling saved its lineage's calls
         self.payoff = {now: Payoff(saving=codes.saving(self.kin, now)) for now in Regime}
         self.tensors = [*module.parameters(), *module.buffers()]

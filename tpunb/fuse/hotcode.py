@@ -51,15 +51,16 @@ def architecture(module: torch.nn.Module) -> Architecture:
 Lineage = tuple[Any, ...]
 
 
-def lineage(module: torch.nn.Module) -> Lineage:
+def lineage(module: torch.nn.Module, shape: Architecture) -> Lineage:
     """``architecture`` with each class of the module and its submodules named by where it is
     defined and the code of its methods, not by the class object: a script run again with
     ``%run`` defines its classes anew, with equal code (code objects compare their bytes,
     constants, names and line numbers), while a class edited between runs differs. What an
-    earlier definition measured about compiling its calls (``HotCodes.saving``) holds for it."""
+    earlier definition measured about compiling its calls (``HotCodes.saving``) holds for it.
+    (``shape``: the module's ``architecture``, which its hot call has made already.)"""
     classes = dict.fromkeys(type(sub) for sub in module.modules())
     definitions = tuple((cls.__module__, cls.__qualname__, _methods(cls)) for cls in classes)
-    return (definitions, *architecture(module)[1:])
+    return (definitions, *shape[1:])
 
 
 def _methods(cls: type) -> tuple[tuple[str, Any], ...]:
@@ -94,9 +95,10 @@ class HotCodes:
         #: by lineage's number and regime: the share of an eager call its compiled call saved
         self._savings: dict[tuple[int, Regime], float] = {}
 
-    def kin(self, module: torch.nn.Module) -> int:
-        """The number of ``module``'s lineage, the same for its earlier and later definitions."""
-        return self._kins.setdefault(lineage(module), len(self._kins))
+    def kin(self, module: torch.nn.Module, shape: Architecture) -> int:
+        """The number of ``module``'s lineage (``shape``: its architecture), the same for its
+        earlier and later definitions."""
+        return self._kins.setdefault(lineage(module, shape), len(self._kins))
 
     def saving(self, kin: int, now: Regime) -> float:
         """What compiling saved a call of lineage ``kin`` in regime ``now``, as a share of the

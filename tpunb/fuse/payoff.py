@@ -8,8 +8,9 @@ counts toward the compile is what compiling would save: the whole eager run, unl
 definition of the same model measured less (``saving``). A word-level LSTM run again with
 ``%run`` (a new class each run, so Dynamo captures it again) saved 4 % a call compiled, and each
 run paid 0.15-0.22 s of capture for it; counting 4 % of each eager run, the call compiles only in
-a loop long enough to repay that. On a
-small model a compiled call can still be slower than the eager one it replaces: Dynamo's
+a loop long enough to repay that.
+
+On a small model a compiled call can still be slower than the eager one it replaces: Dynamo's
 guards and the compiled wrapper cost about 0.7 ms a call here, more than a two-layer MLP's
 forward. So its first compiled runs that hit are timed, and if their median is slower than
 that of its last eager runs, it runs eagerly for good: nothing runs slower than strict without need.
