@@ -147,7 +147,7 @@ def capture_wait_part(counters: dict[str, float]) -> str | None:
 
 def all_steps_compiled(counters: dict[str, float]) -> bool:
     """Whether the cell's model FLOPs are all its training's: some ran compiled, none ran before
-    its compile (under the runtime's fusion) or as captured while compiling (FLOPs not counted).
+    its compile (under the runtime's fusion) or uncompiled while compiling (FLOPs not counted).
     A 300-step cell whose model compiled at its 225th step would say "MFU 0.2 %" otherwise."""
     partly = counters.get(STEPS_NOT_COMPILED, 0) > 0 or any(
         key.startswith(WHILE_COMPILING) and count > 0 for key, count in counters.items()

@@ -145,7 +145,7 @@ GPT2_WIDER = Workload(
 
 def test_a_model_compiled_again_in_the_background_trains_on(cells) -> None:
     """Compiled whole once, then again after Dynamo forgot it (as in a kernel started later, with
-    AOTAutograd's disk cache holding its graphs), its steps running as captured meanwhile: the
+    AOTAutograd's disk cache holding its graphs), its steps running uncompiled meanwhile: the
     worker's compile must not break the cell's module calls. (AOTAutograd's cache lookup
     re-traces cached graphs with every module call in the process patched: on a v5e, a GPT-2
     this size failed with "NameError: module is not installed as a submodule" every time.)"""

@@ -49,23 +49,23 @@ def test_a_compile_cell_says_what_it_ran_uncompiled():
 def test_a_fused_cell_says_which_model_ran_compiled_whole():
     counters = {
         "compiled whole: call of GPT2LMHeadModel": 9,
-        "ran as captured while compiling: call of GPT2LMHeadModel": 1,
+        "ran uncompiled while compiling: call of GPT2LMHeadModel": 1,
     }
     line = cell_summary(run(mode="fused", counters=counters, cache_hits=4))
     assert line == (
         "[tpunb] fused · 1.23 s · compiled whole: 9 calls of GPT2LMHeadModel · "
-        "ran as captured while compiling: 1 call of GPT2LMHeadModel · cache 4 hit / 0 miss"
+        "ran uncompiled while compiling: 1 call of GPT2LMHeadModel · cache 4 hit / 0 miss"
     )
 
 
 def test_a_fused_cell_says_how_long_it_waited_while_its_model_was_captured():
     counters = {
-        "ran as captured while compiling: call of GPT2LMHeadModel": 170,
+        "ran uncompiled while compiling: call of GPT2LMHeadModel": 170,
         CAPTURE_WAITED + "GPT2LMHeadModel": 26.53,
     }
     line = cell_summary(run(mode="fused", counters=counters))
     assert line == (
-        "[tpunb] fused · 1.23 s · ran as captured while compiling: 170 calls of GPT2LMHeadModel · "
+        "[tpunb] fused · 1.23 s · ran uncompiled while compiling: 170 calls of GPT2LMHeadModel · "
         "waited 26.53 s while Dynamo captured GPT2LMHeadModel on this thread"
     )
     quick = {CAPTURE_WAITED + "Net": 0.01}
@@ -91,7 +91,7 @@ def test_a_cell_whose_model_compiled_partway_gives_no_mfu():
     compiled = {"compiled whole: call of GPT2LMHeadModel": 15, MODEL_FLOPS: 0.5 * 197e12 * 1.234}
     before = {**compiled, STEPS_NOT_COMPILED: 224}
     assert "MFU" not in cell_summary(run(mode="fused", counters=before, peak_flops=197e12))
-    captured = {**compiled, "ran as captured while compiling: call of GPT2LMHeadModel": 1}
+    captured = {**compiled, "ran uncompiled while compiling: call of GPT2LMHeadModel": 1}
     assert "MFU" not in cell_summary(run(mode="fused", counters=captured, peak_flops=197e12))
     assert "MFU 50.0 %" in cell_summary(
         run(mode="fused", counters={**compiled, STEPS_NOT_COMPILED: 0}, peak_flops=197e12)

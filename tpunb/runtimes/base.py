@@ -166,10 +166,10 @@ CPU_FALLBACK = "cpu fallback: "
 #: phrase whose first word takes the plural ("step of AdamW": "6 steps of AdamW").
 UNCOMPILED = "ran uncompiled: "
 #: Prefixes of ``Runtime.counters`` keys that count a fused cell's calls of a model compiled
-#: whole by the runtime's compiler ("call of GPT2LMHeadModel"): run compiled, and run as
-#: captured while its compile was under way.
+#: whole by the runtime's compiler ("call of GPT2LMHeadModel"): run compiled, and run otherwise
+#: (as captured, or as its own call) while its compile was under way.
 COMPILED_WHOLE = "compiled whole: "
-WHILE_COMPILING = "ran as captured while compiling: "
+WHILE_COMPILING = "ran uncompiled while compiling: "
 #: Prefix of ``Runtime.counters`` keys: the seconds a fused cell's calls of a model waited while
 #: Dynamo captured it on the notebook's thread, by model class ("GPT2LMHeadModel").
 CAPTURE_WAITED = "waited while Dynamo captured: "

@@ -344,7 +344,7 @@ class TorchTpuRuntime:
         if self._trained_modules is not None:
             for prefix, calls in (
                 (COMPILED_WHOLE, self._trained_modules.compiled_calls),
-                (WHILE_COMPILING, self._trained_modules.captured_calls),
+                (WHILE_COMPILING, self._trained_modules.calls_while_compiling),
             ):
                 counts.update({f"{prefix}call of {name}": count for name, count in calls.items()})
             counts.update({CAPTURE_WAITED + name: s for name, s in self._trained_modules.capture_s.items()})
