@@ -239,6 +239,30 @@ def test_compiled_calls_add_the_flops_of_their_forward_and_backward(trained):
     assert eager_training_flops(frozen, torch.ones(4, 8)) < eager_training_flops(model, torch.ones(4, 8))
 
 
+class DataDependent(torch.nn.Module):
+    """A model whose output's shape depends on its input's values: its graph cannot run on fake
+    tensors without a shape environment, so its FLOPs cannot be counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.a(x) * x.nonzero().shape[0]
+
+
+def test_a_graph_whose_flops_cannot_be_counted_keeps_the_reason(trained):
+    """No MFU then (a wrong one would be worse), but the reason is kept for whoever asks why."""
+    model = DataDependent()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), trained.scope(sync_compile=True):
+        Loop(model).run(3)
+    made = trained.hot[model].made
+    assert trained.model_flops == 0
+    assert any(graph.flops_unknown and "Exception" in graph.flops_unknown for graph in made), [
+        (graph.flops, graph.flops_unknown) for graph in made
+    ]
+
+
 def test_a_graph_off_the_chip_is_not_handed_to_the_chips_compiler():
     graph = captured(Model(0.0), torch.ones(2, 8))
     with pytest.raises(OffTheChip, match="tensors off the TPU"):

@@ -26,7 +26,7 @@ import torch
 
 from tpunb.fuse.cache import Compiled, GraphCache, Variant, VariantState
 from tpunb.fuse.compilers import Compile
-from tpunb.fuse.flops import training_flops
+from tpunb.fuse.flops import FlopsUnknown, training_flops
 from tpunb.fuse.graph import never_compiled
 from tpunb.fuse.thread_modes import ThreadModes
 from tpunb.fuse.workarounds import config_values, skip_dynamo_in
@@ -146,6 +146,7 @@ class CompiledLater:
         self.graph: torch.fx.GraphModule | None = graph
         self.runs = runs
         self.flops = 0.0  # one run's, once counted (count_flops)
+        self.flops_unknown: str | None = None  # why they could not be counted
         self.variant = Variant(lifted={})
         reason = never_compiled(graph)
         if reason is not None:  # it runs as captured, for good
@@ -162,7 +163,10 @@ class CompiledLater:
             with torch._guards.tracing(context), modes.entered(), autograd_as_eager():
                 code = graph.code  # (before the compiler rewrites it)
                 if count_flops:
-                    self.flops = training_flops(graph, examples) or 0.0
+                    try:
+                        self.flops = training_flops(graph, examples)
+                    except FlopsUnknown as why:
+                        self.flops_unknown = str(why)
                 compiled = compile(graph, examples)
             fakes.clear()
             return compiled, code

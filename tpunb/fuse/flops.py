@@ -17,9 +17,9 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 
-def training_flops(graph: torch.fx.GraphModule, examples: list[Any]) -> float | None:
-    """FLOPs of one forward and backward run of ``graph`` with inputs like ``examples``, or
-    None where the graph cannot run on fake tensors (then nothing is reported for it)."""
+def training_flops(graph: torch.fx.GraphModule, examples: list[Any]) -> float:
+    """FLOPs of one forward and backward run of ``graph`` with inputs like ``examples``; raises
+    ``FlopsUnknown`` (with the fake run's error) where the graph cannot run on fake tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -34,8 +34,13 @@ def training_flops(graph: torch.fx.GraphModule, examples: list[Any]) -> float | 
                 if trained:
                     torch.autograd.backward(trained, [torch.ones_like(out) for out in trained])
         return float(counter.get_total_flops())
-    except Exception:  # an op without a fake kernel, a graph fake tensors cannot run: no figure
-        return None
+    except Exception as error:  # an op without a fake kernel, a graph fake tensors cannot run
+        first_line = (str(error).splitlines() or [""])[0][:200]
+        raise FlopsUnknown(f"{type(error).__name__}: {first_line}") from error
+
+
+class FlopsUnknown(RuntimeError):
+    """A graph whose FLOPs could not be counted (its fake run failed): no MFU for its calls."""
 
 
 def like(example: Any, fake_mode: Any) -> Any:
