@@ -31,8 +31,8 @@ def main() -> None:
 
     import torch
 
-    from tpunb.fuse.graph import inductor_compile
-    from tpunb.fuse.worker import CompileWorker
+    from tpunb.fuse.groups.graph import inductor_compile
+    from tpunb.fuse.groups.worker import CompileWorker
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(12, 48), torch.nn.GELU(), torch.nn.Linear(48, 1))

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch._dynamo.utils import counters
 
-from tpunb.fuse.plan import Regime
+from tpunb.fuse.groups.plan import Regime
 
 PROMPT_LENGTH = 8
 #: Calls at most before timing, until a way's calls run what they will run from now on.

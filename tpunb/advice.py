@@ -38,7 +38,7 @@ def fused_slower(groups: Sequence[FusionGroup], *, compiled: bool) -> str | None
     Groups recorded while a module turned hot (``WARMING``) are not judged: they were the
     cell's first steps, and do not come back (its later calls run compiled whole).
     """
-    from tpunb.fuse.plan import WARMING  # (only fused cells have groups: the engine is loaded)
+    from tpunb.fuse.groups.plan import WARMING  # (only fused cells have groups: the engine is loaded)
 
     judged = [g for g in groups if g.eager_ms is not None and g.plan != WARMING]
     if compiled or not judged:

@@ -84,7 +84,7 @@ class GroupStatus(StrEnum):
     COMPILE_FAILED = "compile failed"  # (views, and runtimes that compile as they run) it failed
 
 
-#: The end of a hot optimizer step's group key, after the optimizer's class (fuse/hotsteps.py).
+#: The end of a hot optimizer step's group key, after the optimizer's class (fuse/hot/hotsteps.py).
 OPTIMIZER_STEP_SUFFIX = "-step"
 
 
@@ -104,12 +104,12 @@ class FusionGroup(Record):
     run_ms: float
     lifted: int  # floats fed as inputs instead of baked in
     miss_reason: str | None = None  # on a miss: what differs from the last group of the same ops
-    plan: str | None = None  # why it ran compiled or op by op, and whether it compiles (fuse/plan.py)
+    plan: str | None = None  # why it ran compiled or op by op, and whether it compiles (fuse/groups/plan.py)
     capture_ms: float = 0.0  # the engine's time recording its ops, before it ran
     eager_ms: float | None = None  # its ops run one by one, when it last replayed (strict's cost)
     wait: bool = False  # flushed because the host needed values now (a read, an op that cannot wait)
     at: str | None = None  # the user's line that flushed it: "Cell In[7], line 3"
-    # a hot module call or optimizer step compiled whole (fuse/hotcalls.py, hotsteps.py), not recorded ops
+    # a hot module call or optimizer step compiled whole (fuse/hot/hotcalls.py, hotsteps.py), not recorded ops
     whole_call: bool = False
 
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpunb.fuse.idle_imports import LOADED, import_when_idle
+from tpunb.fuse.groups.idle_imports import LOADED, import_when_idle
 from tpunb.labcomm import close_lab_link, open_lab_link
 from tpunb.magics import TpuMagics
 from tpunb.report import cell_summary, load_line

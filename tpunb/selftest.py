@@ -42,7 +42,7 @@ PLANTED_NAN_LINE = 2
 #: The fused check's loop: what a fine-tuning cell does, in three steps.
 TRAINING_LOOP = """\
 losses = []
-for _ in range(5):  # the model's calls are compiled whole from the 4th (fuse/hotcalls.py)
+for _ in range(5):  # the model's calls are compiled whole from the 4th (fuse/hot/hotcalls.py)
     optimizer.zero_grad()
     loss = torch.nn.functional.mse_loss(model(inputs), targets)
     loss.backward()

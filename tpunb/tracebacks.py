@@ -3,7 +3,7 @@
 An error in a ``%%tpu_mode`` cell, or in any cell whose ops went through tpunb (a fused or
 debug scope, a compiled cell), passes through tpunb's magic, its dispatch modes, PyTorch's
 autograd and Dynamo: 40 to 280 lines, the first frame ``get_ipython().run_cell_magic(...)``,
-frames of ``fuse/flush.py`` that read like a tpunb bug, and the line that explains at the
+frames of ``fuse/groups/flush.py`` that read like a tpunb bug, and the line that explains at the
 bottom. Where tpunb is among the frames, the traceback IPython shows keeps only the user's
 frames: the magic's call, tpunb's, PyTorch's (``torch``, ``torch_xla``, ``torch_tpu``),
 IPython's and the standard library's frames go (``source.is_internal_file``), and so does a

@@ -103,7 +103,7 @@ def test_status_item_and_mode_picker_follow_the_kernel(lab, page):
 
     # picking while a cell runs: the cell keeps its mode, the picker says the pick waits.
     # Pick once the cell has started in the kernel, not when the page shows it queued: a
-    # queued cell may wait for fused mode's background imports (fuse/idle_imports.py).
+    # queued cell may wait for fused mode's background imports (fuse/groups/idle_imports.py).
     run_cell(page, 3)
     assert printed(page, 3) == "started"
     page.locator(PICKER).select_option("strict")

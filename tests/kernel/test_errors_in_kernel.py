@@ -75,7 +75,7 @@ def test_xmode_verbose_shows_everything(tensors) -> None:
         lines = shown(tensors.run(CELLS["fused"][0]))
     finally:
         tensors.run("%xmode Context")
-    assert any("fuse/flush.py" in x for x in lines) and any("direct cause" in x for x in lines)
+    assert any("fuse/groups/flush.py" in x for x in lines) and any("direct cause" in x for x in lines)
 
 
 def test_a_strict_cell_fails_as_in_plain_ipython(tensors) -> None:

@@ -32,7 +32,7 @@ def step(m, o):
 def test_a_training_cell_compiles_its_model_whole_once_hot(kernel):
     """Hot training calls (the default): the model's first calls are recorded; from its
     3rd, at the optimizer step, it is hot and its calls run compiled whole, forward and
-    backward (fuse/hotcalls.py), and from the 5th the optimizer's steps too (fuse/hotsteps.py)."""
+    backward (fuse/hot/hotcalls.py), and from the 5th the optimizer's steps too (fuse/hot/hotsteps.py)."""
     assert kernel.run(SETUP).error is None
     result = kernel.run("%%tpu_mode fused --sync-compile\nlosses = [step(model, opt) for _ in range(8)]")
     assert result.error is None, result.error

@@ -74,7 +74,7 @@ def test_a_fused_training_cell_shows_its_report_and_saves_a_trace(profiled, tmp_
     groups = last(profiled, "groups")
     assert {g["status"] for g in groups} <= {"miss", "hit", "compiling", "op by op"}, groups
     # the first step recorded, then the model's call and the optimizer's step hot, run eagerly
-    # until their compile pays off (fuse/payoff.py): a row each says so
+    # until their compile pays off (fuse/hot/payoff.py): a row each says so
     assert {"Sequential-training", "SGD-step"} <= {g["key"] for g in groups}, groups
     trace = Path(last(profiled, "trace_path"))
     assert trace.parent == tmp_path and trace.suffix == ".json"

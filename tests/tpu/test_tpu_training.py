@@ -92,7 +92,7 @@ def test_each_mode_trains_as_strict_does(cells, workload: Workload, precision: s
 def test_a_model_trained_in_fused_cells_runs_compiled_whole_as_strict_trains(cells) -> None:
     """A short fused cell leaves the model to DEFER_AND_FUSE (its steps have not paid for a
     compile); with ``--sync-compile`` the model is compiled whole by TorchTPU at its second step
-    (fuse/trained_modules.py) and trains with strict's losses, and a later fused cell runs the
+    (fuse/hot/trained_modules.py) and trains with strict's losses, and a later fused cell runs the
     compiled code."""
     hot = "[type(m).__name__ for m in tpunb.session.get_session().runtime._trained_modules.hot]"
     expected = strict_losses(cells, GPT2_ADAMW, "fp32")

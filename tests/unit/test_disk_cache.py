@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from tpunb.fuse.disk_cache import INDUCTOR_ENV_VAR, default_cache_dir, intact_elf, use_cache_dir
+from tpunb.fuse.groups.disk_cache import INDUCTOR_ENV_VAR, default_cache_dir, intact_elf, use_cache_dir
 
 
 def test_the_directory_chain(monkeypatch, tmp_path):

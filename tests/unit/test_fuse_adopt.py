@@ -1,4 +1,4 @@
-"""Adopting and releasing tensors in place (tpunb/fuse/adopt.py) is all or nothing: a swap
+"""Adopting and releasing tensors in place (tpunb/fuse/recording/adopt.py) is all or nothing: a swap
 torch refuses halfway leaves the tensor exactly as it was."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from torch.profiler import profile
 
 from tpunb.fuse import DeferredTensor, FusionEngine
-from tpunb.fuse.adopt import adopt_tensor, release_tensor
+from tpunb.fuse.recording.adopt import adopt_tensor, release_tensor
 
 
 def test_a_swap_refused_under_the_profiler_leaves_the_tensor_usable():

@@ -12,8 +12,8 @@ from benchmarks.generate import build, generate_call
 from tpunb.events import EventBus
 from tpunb.fuse import FuseOptions, FusionEngine
 from tpunb.fuse.config import GROWING_AFTER
-from tpunb.fuse.growing import GrowingInputs, steady_growth
-from tpunb.fuse.trace import Trace
+from tpunb.fuse.recording.growing import GrowingInputs, steady_growth
+from tpunb.fuse.recording.trace import Trace
 
 REPLAY = FuseOptions(compile=False)
 
@@ -73,7 +73,7 @@ def test_a_compiled_static_cache_generation_compiles_what_repeats_and_then_hits(
 def trace_reading(shape: tuple, wrapped: bool = True) -> Trace:
     """A trace whose one op (at a fixed place in this file) reads one input of ``shape``:
     an earlier result of the engine (``wrapped``), or data from outside."""
-    from tpunb.fuse.trace import OpRecord
+    from tpunb.fuse.recording.trace import OpRecord
 
     trace = Trace()
     ref = trace.input_ref(torch.zeros(shape), wrapped)

@@ -1,4 +1,4 @@
-"""Hot optimizer steps (tpunb/fuse/hotsteps.py): once a module's training calls are compiled
+"""Hot optimizer steps (tpunb/fuse/hot/hotsteps.py): once a module's training calls are compiled
 whole, the optimizer stepping its parameters runs ``step()`` compiled whole too, with
 strict's numbers; a learning-rate schedule compiles no new graph once warm; a closure, a
 scheduler made later and steps outside fused scopes keep working as PyTorch's own.
@@ -21,7 +21,7 @@ from torch._dynamo.utils import counters
 from tpunb.events import EventBus
 from tpunb.fuse import FuseOptions, FusionEngine
 from tpunb.fuse.config import HOT_AFTER, HOT_STEPS_AFTER
-from tpunb.fuse.hotsteps import HotStep
+from tpunb.fuse.hot.hotsteps import HotStep
 
 SYNC = FuseOptions(sync_compile=True, hot_training=True)
 #: The first step (from 0) whose optimizer step runs compiled: the module is hot from its

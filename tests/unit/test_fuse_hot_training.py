@@ -1,4 +1,4 @@
-"""Hot training calls (fuse/hotcalls.py, fuse/compile_later.py): a module trained again and
+"""Hot training calls (fuse/hot/hotcalls.py, fuse/hot/compile_later.py): a module trained again and
 again in a fused scope is compiled whole, forward and backward, and gives strict's answers.
 
 Each case runs the same steps in strict mode and in a fused scope, from the same weights and
@@ -26,10 +26,10 @@ from torch.utils.checkpoint import checkpoint
 from tpunb.events import EventBus, FusionGroup
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
 from tpunb.fuse.config import HOT_AFTER
-from tpunb.fuse.hotcalls import HotCall
-from tpunb.fuse.hotcode import architecture
-from tpunb.fuse.plan import WARMING, Regime
-from tpunb.fuse.whole_runs import UNTIL_PAID_FOR
+from tpunb.fuse.groups.plan import WARMING, Regime
+from tpunb.fuse.hot.hotcalls import HotCall
+from tpunb.fuse.hot.hotcode import architecture
+from tpunb.fuse.hot.whole_runs import UNTIL_PAID_FOR
 
 STEPS = HOT_AFTER + 4
 SYNC = FuseOptions(sync_compile=True, hot_training=True)
@@ -763,7 +763,7 @@ def test_the_engine_compiles_its_hot_path_with_the_compiler_it_is_given() -> Non
     and trains as strict does."""
     from torch._dynamo.backends.registry import lookup_backend
 
-    from tpunb.fuse.compilers import GraphCompiler
+    from tpunb.fuse.groups.compilers import GraphCompiler
 
     compiled: list[str] = []
 

@@ -1,4 +1,4 @@
-"""Hot module calls (tpunb/fuse/hotcalls.py): a module called again and again without grad in
+"""Hot module calls (tpunb/fuse/hot/hotcalls.py): a module called again and again without grad in
 eval mode is compiled whole by Dynamo and Inductor in fused scopes. Generation gives strict's
 tokens with a bounded number of graphs; the mixed regimes stay recorded (training calls are
 test_fuse_hot_training.py's); adopted tensors are released in place and adopted again later;
@@ -19,9 +19,9 @@ from benchmarks.generate import build, generate_call
 from tpunb.events import OPTIMIZER_STEP_SUFFIX, EventBus, GroupStatus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
 from tpunb.fuse.config import HOT_AFTER
-from tpunb.fuse.hotcalls import HotCall
-from tpunb.fuse.plan import Regime
-from tpunb.fuse.worker import COMPILER_BUSY
+from tpunb.fuse.groups.plan import Regime
+from tpunb.fuse.groups.worker import COMPILER_BUSY
+from tpunb.fuse.hot.hotcalls import HotCall
 
 # groups compile in the background, hot calls and steps from their first hot run: as in a notebook
 # whose loop has run long enough for their compiles to pay off (plan.compile_pays_off)

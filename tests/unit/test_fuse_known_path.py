@@ -1,4 +1,4 @@
-"""The known path (tpunb/fuse/record.py): a repeated step is checked op by op against the
+"""The known path (tpunb/fuse/recording/record.py): a repeated step is checked op by op against the
 sequence recorded before, and any divergence continues as ordinary recording with strict
 mode's numbers.
 

@@ -1,5 +1,5 @@
 """A hot call's or step's compile: run eagerly until it pays off, and eagerly again for good if
-its compiled runs prove slower than its eager ones (fuse/payoff.py, plan.py's rules)."""
+its compiled runs prove slower than its eager ones (fuse/hot/payoff.py, plan.py's rules)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import torch
 from tpunb.events import FusionGroup
 from tpunb.fuse import FuseOptions, FusionEngine
 from tpunb.fuse.config import COMPARED_RUNS, COMPILE_COST_S, MIN_SAVING
-from tpunb.fuse.hotcode import architecture, lineage
-from tpunb.fuse.payoff import Payoff
-from tpunb.fuse.plan import Regime
-from tpunb.fuse.whole_runs import UNTIL_PAID_FOR
+from tpunb.fuse.groups.plan import Regime
+from tpunb.fuse.hot.hotcode import architecture, lineage
+from tpunb.fuse.hot.payoff import Payoff
+from tpunb.fuse.hot.whole_runs import UNTIL_PAID_FOR
 
 MS = 0.001
 

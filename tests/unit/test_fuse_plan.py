@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from tpunb.fuse.cache import VariantState
 from tpunb.fuse.config import COMPILE_COST_S, HOT_AFTER, HOT_STEPS_AFTER, STORM_SIGHTINGS
-from tpunb.fuse.plan import (
+from tpunb.fuse.groups.cache import VariantState
+from tpunb.fuse.groups.plan import (
     Action,
     CallAction,
     CallFacts,
@@ -197,7 +197,7 @@ def test_a_group_that_comes_back_once_a_cell_compiles_once_its_runs_have_paid_fo
 
     from tpunb.events import EventBus
     from tpunb.fuse import FuseOptions, FusionEngine
-    from tpunb.fuse.plan import ONCE_A_CELL
+    from tpunb.fuse.groups.plan import ONCE_A_CELL
 
     bus = EventBus()
     engine = FusionEngine(torch.device("cpu"), bus.publish)

@@ -45,7 +45,9 @@ def members(protocol: type) -> set[str]:
 #: Python 3.11 the AST constructor's recursion count is shared between threads, and an
 #: ``ast.parse`` beside an earlier test's background compile failed once with "SystemError:
 #: AST constructor recursion depth mismatch" (python/cpython#106905).
-TREES = {module: ast.parse((FUSE / module).read_text()) for module in COLLABORATORS}
+#: Every module of tpunb/fuse and its stage subpackages, by file name (unique across them).
+PATHS = {path.name: path for path in sorted(FUSE.rglob("*.py")) if path.name != "__init__.py"}
+TREES = {module: ast.parse(PATHS[module].read_text()) for module in COLLABORATORS}
 
 
 def engine_reaches(tree: ast.Module) -> set[str]:
@@ -93,13 +95,13 @@ def properties(protocol: type) -> set[str]:
 
 
 #: Every module of tpunb/fuse, parsed as collected (as ``TREES``), for the imports among them.
-ALL_TREES = {path.stem: ast.parse(path.read_text()) for path in sorted(FUSE.glob("*.py"))}
+ALL_TREES = {path.stem: ast.parse(path.read_text()) for path in PATHS.values()}
 
 
 def fuse_imports(tree: ast.Module) -> set[str]:
     """The tpunb.fuse modules ``tree`` imports, anywhere (type-only imports too)."""
     return {
-        node.module.split(".")[2]
+        node.module.rsplit(".", 1)[-1]
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tpunb.fuse.")
     }

@@ -1,4 +1,4 @@
-"""The trace's references (fuse/trace.py): typed, yet keyed as the tuples they are."""
+"""The trace's references (fuse/recording/trace.py): typed, yet keyed as the tuples they are."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from tpunb.fuse.trace import Input, Node, Slot, reads
+from tpunb.fuse.recording.trace import Input, Node, Slot, reads
 
 pytestmark = pytest.mark.unit
 

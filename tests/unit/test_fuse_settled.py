@@ -1,4 +1,4 @@
-"""Small ops on settled values run at once (tpunb/fuse/settled.py): a loop's bookkeeping
+"""Small ops on settled values run at once (tpunb/fuse/recording/settled.py): a loop's bookkeeping
 around its model costs what eager does, while the user's own tensors, adopted state, group
 results, big tensors and random draws record as before."""
 
@@ -9,7 +9,7 @@ import torch
 from tpunb.events import EventBus
 from tpunb.fuse import DeferredTensor, FuseOptions, FusionEngine
 from tpunb.fuse.config import SMALL_NUMEL, TINY_OPS
-from tpunb.fuse.settled import TAG
+from tpunb.fuse.recording.settled import TAG
 
 REPLAY = FuseOptions(compile=False)
 

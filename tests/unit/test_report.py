@@ -180,7 +180,7 @@ def test_a_cell_that_compiled_is_not_judged_on_its_time():
 def test_recorded_first_steps_of_a_cell_whose_model_turned_hot_are_not_judged():
     """The steps recorded while a module turned hot do not come back: its later calls run
     compiled whole, so the recorder's cost on them says nothing about the cell's regime."""
-    from tpunb.fuse.plan import WARMING
+    from tpunb.fuse.groups.plan import WARMING
 
     warm_up = [group("miss", 21.0, 6.0, 6.0, plan=WARMING) for _ in range(3)]
     hot = [group("hit", 0.0, 2.0, 2.1, ops=0, whole=True) for _ in range(5)]

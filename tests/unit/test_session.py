@@ -163,7 +163,7 @@ def test_script_api_fused_with_adoption():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     assert tpunb.adopt(model, opt) == 2
     # the recorder: with hot training the model is hot from this first step, its parameters
-    # plain again at the optimizer's step (fuse/hotcalls.py)
+    # plain again at the optimizer's step (fuse/hot/hotcalls.py)
     with tpunb.mode("fused", hot_training=False):
         assert tpunb.current_mode() == "fused"
         loss = model(torch.ones(4, 3)).sum()

@@ -19,8 +19,8 @@ from torch._dynamo.backends.registry import lookup_backend
 from torch._functorch._aot_autograd.utils import make_boxed_func
 
 from tpunb.events import GroupStatus
-from tpunb.fuse.cache import GraphCache
-from tpunb.fuse.trained_modules import TrainedModules
+from tpunb.fuse.groups.cache import GraphCache
+from tpunb.fuse.hot.trained_modules import TrainedModules
 from tpunb.runtimes.torchtpu_fused import (
     OffTheChip,
     hot_call_settings,

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import tpunb
-from tpunb.fuse.worker import CompileWorker
+from tpunb.fuse.groups.worker import CompileWorker
 
 NO_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=NO_GPU)]
@@ -137,7 +137,7 @@ def test_a_compile_job_reads_no_autograd_cache_while_the_notebook_keeps_its_own(
     thread, meanwhile and after, keeps the cache as configured."""
     from torch._functorch import config
 
-    from tpunb.fuse.cache import GraphCache, Variant
+    from tpunb.fuse.groups.cache import GraphCache, Variant
     from tpunb.fuse.workarounds import autograd_cache_off_on_worker
 
     inside, release = threading.Event(), threading.Event()

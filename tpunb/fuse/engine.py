@@ -41,28 +41,28 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tpunb.events import CompileDone
-from tpunb.fuse.adopt import Adoption
 from tpunb.fuse.aside import ModeStack, outside_modes
-from tpunb.fuse.cache import GraphCache, Variant
-from tpunb.fuse.compile_later import donated_buffers_off
-from tpunb.fuse.compilers import INDUCTOR, GraphCompiler
-from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.eager import EagerOps
 from tpunb.fuse.errors import check_not_failed
-from tpunb.fuse.flush import FlushRequest, GroupFlush, abandon
-from tpunb.fuse.growing import GrowingInputs
-from tpunb.fuse.hotcalls import HotCalls, left_to_adopt
-from tpunb.fuse.hotsteps import HotSteps
+from tpunb.fuse.groups.cache import GraphCache, Variant
+from tpunb.fuse.groups.compilers import INDUCTOR, GraphCompiler
+from tpunb.fuse.groups.flush import FlushRequest, GroupFlush, abandon
+from tpunb.fuse.hot.compile_later import donated_buffers_off
+from tpunb.fuse.hot.hotcalls import HotCalls, left_to_adopt
+from tpunb.fuse.hot.hotsteps import HotSteps
 from tpunb.fuse.interrupts import InterruptGuard
-from tpunb.fuse.meta import MetaCache, NotDeferrable
-from tpunb.fuse.ops import OpFacts, facts
 from tpunb.fuse.options import FuseOptions
-from tpunb.fuse.record import NOT_FOLLOWED, Recorder
-from tpunb.fuse.scan import ArgumentScan, all_scalar, run_on_values
-from tpunb.fuse.settled import NO_TENSORS, PLAIN, mark, settled_arguments, settled_read, small
-from tpunb.fuse.trace import Trace
+from tpunb.fuse.recording.adopt import Adoption
+from tpunb.fuse.recording.deferred import DeferredTensor
+from tpunb.fuse.recording.eager import EagerOps
+from tpunb.fuse.recording.growing import GrowingInputs
+from tpunb.fuse.recording.meta import MetaCache, NotDeferrable
+from tpunb.fuse.recording.ops import OpFacts, facts
+from tpunb.fuse.recording.record import NOT_FOLLOWED, Recorder
+from tpunb.fuse.recording.scan import ArgumentScan, all_scalar, run_on_values
+from tpunb.fuse.recording.settled import NO_TENSORS, PLAIN, mark, settled_arguments, settled_read, small
+from tpunb.fuse.recording.trace import Trace
+from tpunb.fuse.recording.wrapper_meta import STORAGE_CHANGING
 from tpunb.fuse.workarounds import skip_dynamo_in
-from tpunb.fuse.wrapper_meta import STORAGE_CHANGING
 from tpunb.source import locate, user_frame
 
 

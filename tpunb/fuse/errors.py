@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpunb.debug import out_of_bounds
-from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.trace import OpRecord, Trace
+from tpunb.fuse.recording.deferred import DeferredTensor
+from tpunb.fuse.recording.trace import OpRecord, Trace
 from tpunb.source import location_of
 
 

@@ -21,13 +21,13 @@ if TYPE_CHECKING:
     import torch
 
     from tpunb.fuse.aside import ModeStack
-    from tpunb.fuse.cache import GraphCache
-    from tpunb.fuse.compilers import GraphCompiler
-    from tpunb.fuse.growing import GrowingInputs
+    from tpunb.fuse.groups.cache import GraphCache
+    from tpunb.fuse.groups.compilers import GraphCompiler
+    from tpunb.fuse.hot.module_call_hooks import ModuleCallHooks
     from tpunb.fuse.interrupts import InterruptGuard
-    from tpunb.fuse.module_call_hooks import ModuleCallHooks
     from tpunb.fuse.options import FuseOptions
-    from tpunb.fuse.trace import Trace
+    from tpunb.fuse.recording.growing import GrowingInputs
+    from tpunb.fuse.recording.trace import Trace
 
 
 class WrapperEngine(Protocol):

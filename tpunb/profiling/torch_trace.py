@@ -47,7 +47,7 @@ class TorchTrace:
 
     ``shapes``: record each op's input shapes. The profiler then holds every tensor an op
     touched weakly, and a tensor held so cannot be swapped in place, which is how the native
-    runtime's fused engine adopts parameters and optimizer state (fuse/adopt.py): a fused
+    runtime's fused engine adopts parameters and optimizer state (fuse/recording/adopt.py): a fused
     block's optimizer state would stay outside its groups, and the profile would measure a
     slower program than the user runs (measured: a training step split in two groups, one
     of them op by op). So on the native runtime shapes are off unless asked for; its groups

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from torch.overrides import TorchFunctionMode
 
 from tpunb.events import FusionGroup
-from tpunb.fuse.deferred import DeferredTensor
+from tpunb.fuse.recording.deferred import DeferredTensor
 from tpunb.source import locate
 from tpunb.value_reads import read_name
 

@@ -136,7 +136,7 @@ class Runtime(Protocol):
 
     def begin_cell(self) -> None:
         """A notebook cell starts: a runtime that plans per cell counts it (the native engine
-        compiles a cell's set-up only once its runs have paid for it: fuse/plan.py)."""
+        compiles a cell's set-up only once its runs have paid for it: fuse/groups/plan.py)."""
         ...
 
     def default_changed(self, config: ModeConfig) -> None:

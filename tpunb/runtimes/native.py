@@ -21,8 +21,8 @@ from tpunb.advice import OVERHEAD_COUNTER
 from tpunb.debug import DebugChecks
 from tpunb.events import Record
 from tpunb.fuse import FuseOptions, FusionEngine
-from tpunb.fuse.disk_cache import current_cache_dir, rebuild_torn_binaries, use_cache_dir
-from tpunb.fuse.idle_imports import import_when_idle
+from tpunb.fuse.groups.disk_cache import current_cache_dir, rebuild_torn_binaries, use_cache_dir
+from tpunb.fuse.groups.idle_imports import import_when_idle
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import CacheDirError, CacheStats, MemoryInfo
 
@@ -156,7 +156,7 @@ class NativeRuntime:
             import_when_idle()
 
     def cache_dir(self, path: str | None = None) -> str | None:
-        """Inductor's on-disk caches (``tpunb.fuse.disk_cache``): any time, any directory."""
+        """Inductor's on-disk caches (``tpunb.fuse.groups.disk_cache``): any time, any directory."""
         if path is not None:
             try:
                 use_cache_dir(path)

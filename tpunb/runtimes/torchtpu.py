@@ -30,9 +30,9 @@ from typing import Any
 from tpunb import compiler_noise
 from tpunb.debug import DebugChecks
 from tpunb.events import FusionGroup, GroupStatus, Record
-from tpunb.fuse.cache import GraphCache
-from tpunb.fuse.disk_cache import user_cache_root
-from tpunb.fuse.trained_modules import TrainedModules, global_hooks_warning
+from tpunb.fuse.groups.cache import GraphCache
+from tpunb.fuse.groups.disk_cache import user_cache_root
+from tpunb.fuse.hot.trained_modules import TrainedModules, global_hooks_warning
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import (
     CAPTURE_WAITED,

@@ -1,5 +1,5 @@
 """What fused cells on TorchTPU compile beside DEFER_AND_FUSE: a module trained again and again,
-whole, by TorchTPU's ``"tpu"`` compiler (fuse/trained_modules.py), with compile mode's rules
+whole, by TorchTPU's ``"tpu"`` compiler (fuse/hot/trained_modules.py), with compile mode's rules
 (torchtpu_compile.py: a graph with a tensor off the chip is not handed to TorchTPU, HF's
 attention masks are made op by op), unless the module holds a BatchNorm (``without_batchnorm``).
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from tpunb.fuse.compilers import Compile
+from tpunb.fuse.groups.compilers import Compile
 from tpunb.fuse.workarounds import autograd_cache_off_on_worker
 from tpunb.runtimes.torchtpu_compile import attention_mask_files, off_device, run_as_written
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.trace import TensorMeta, tensor_meta
+from tpunb.fuse.recording.deferred import DeferredTensor
+from tpunb.fuse.recording.trace import TensorMeta, tensor_meta
 
 #: In-place ops that change their tensor's view (shape, strides) but not its data: recorded
 #: like any op; the wrapper's own metadata is then updated to match.

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tpunb.fuse.compile_later import CompileLater, CountedGraph, GraphRuns
-from tpunb.fuse.compilers import Compile
-from tpunb.fuse.graph import never_compiled
-from tpunb.fuse.plan import Regime
+from tpunb.fuse.groups.compilers import Compile
+from tpunb.fuse.groups.graph import never_compiled
+from tpunb.fuse.groups.plan import Regime
+from tpunb.fuse.hot.compile_later import CompileLater, CountedGraph, GraphRuns
 
 if TYPE_CHECKING:
     from tpunb.fuse.ports import HotPathEngine

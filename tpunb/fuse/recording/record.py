@@ -29,12 +29,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tpunb.fuse import config
-from tpunb.fuse.deferred import DeferredTensor, written_argument
-from tpunb.fuse.ops import OpFacts, facts_by_id
-from tpunb.fuse.rng import default_generator
-from tpunb.fuse.scan import ArgumentEncoder, tensor_leaves
-from tpunb.fuse.trace import FloatSlot, Input, Node, OpRecord, Ref, Slot, Trace, group_input, tensor_meta
-from tpunb.fuse.wrapper_meta import INPLACE_VIEWS, restride
+from tpunb.fuse.recording.deferred import DeferredTensor, written_argument
+from tpunb.fuse.recording.ops import OpFacts, facts_by_id
+from tpunb.fuse.recording.rng import default_generator
+from tpunb.fuse.recording.scan import ArgumentEncoder, tensor_leaves
+from tpunb.fuse.recording.trace import (
+    FloatSlot,
+    Input,
+    Node,
+    OpRecord,
+    Ref,
+    Slot,
+    Trace,
+    group_input,
+    tensor_meta,
+)
+from tpunb.fuse.recording.wrapper_meta import INPLACE_VIEWS, restride
 
 if TYPE_CHECKING:
     from tpunb.fuse.ports import RecorderEngine

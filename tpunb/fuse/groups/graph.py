@@ -16,10 +16,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from tpunb.fuse.disk_cache import rebuild_torn_binaries
-from tpunb.fuse.meta import SIZED_WHEN_RUN
-from tpunb.fuse.random_fill import FILLS, RANDOM_FILL, is_fresh_fill
-from tpunb.fuse.trace import Node, OpRecord, Ref, decoder, resolve
+from tpunb.fuse.groups.disk_cache import rebuild_torn_binaries
+from tpunb.fuse.recording.meta import SIZED_WHEN_RUN
+from tpunb.fuse.recording.random_fill import FILLS, RANDOM_FILL, is_fresh_fill
+from tpunb.fuse.recording.trace import Node, OpRecord, Ref, decoder, resolve
 
 aten = torch.ops.aten
 

@@ -23,7 +23,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from tpunb.fuse import config
-from tpunb.fuse.plan import compile_pays_off, compiled_is_slower
+from tpunb.fuse.groups.plan import compile_pays_off, compiled_is_slower
 
 
 @dataclass

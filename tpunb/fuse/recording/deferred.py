@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tpunb.fuse.aside import outside_modes
-from tpunb.fuse.ops import facts
-from tpunb.fuse.trace import Ref, TensorMeta, tensor_meta
+from tpunb.fuse.recording.ops import facts
+from tpunb.fuse.recording.trace import Ref, TensorMeta, tensor_meta
 
 if TYPE_CHECKING:
     from tpunb.fuse.ports import WrapperEngine

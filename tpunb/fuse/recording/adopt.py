@@ -18,7 +18,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from tpunb.fuse.aside import outside_modes
-from tpunb.fuse.deferred import DeferredTensor
+from tpunb.fuse.recording.deferred import DeferredTensor
 
 if TYPE_CHECKING:
     from tpunb.fuse.ports import HotPathEngine

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from tpunb.fuse.disk_cache import rebuild_torn_binaries
-from tpunb.fuse.graph import inductor_compile
+from tpunb.fuse.groups.disk_cache import rebuild_torn_binaries
+from tpunb.fuse.groups.graph import inductor_compile
 
 #: A compiler's entry point: Dynamo's backend signature, ``(graph, example inputs) -> code``.
 Compile = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]

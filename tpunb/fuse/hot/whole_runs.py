@@ -23,8 +23,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from tpunb.events import FusionGroup, GroupStatus
 from tpunb.fuse import config
-from tpunb.fuse.payoff import Payoff
-from tpunb.fuse.worker import COMPILER_BUSY
+from tpunb.fuse.groups.worker import COMPILER_BUSY
+from tpunb.fuse.hot.payoff import Payoff
 from tpunb.source import locate
 
 if TYPE_CHECKING:

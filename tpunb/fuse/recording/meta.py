@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from tpunb.fuse.trace import TensorMeta
+from tpunb.fuse.recording.trace import TensorMeta
 
 
 class NotDeferrable(Exception):

@@ -87,17 +87,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tpunb.fuse import config
-from tpunb.fuse.adopt import release_tensor, tensors_of
 from tpunb.fuse.aside import outside_modes
-from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.hot_backward import backward_as_forward, next_node_number
-from tpunb.fuse.hotcode import HotCode, HotCodes, architecture
-from tpunb.fuse.module_call_hooks import ModuleCallHooks
-from tpunb.fuse.payoff import Payoff
-from tpunb.fuse.plan import CallAction, CallFacts, Regime, compile_pays_off, plan_call, runs_whole
-from tpunb.fuse.settled import mark
-from tpunb.fuse.whole_runs import count_eager_run, in_fused_scope, publish_compiled_run
-from tpunb.fuse.worker import compiling_only_if_free
+from tpunb.fuse.groups.plan import CallAction, CallFacts, Regime, compile_pays_off, plan_call, runs_whole
+from tpunb.fuse.groups.worker import compiling_only_if_free
+from tpunb.fuse.hot.hot_backward import backward_as_forward, next_node_number
+from tpunb.fuse.hot.hotcode import HotCode, HotCodes, architecture
+from tpunb.fuse.hot.module_call_hooks import ModuleCallHooks
+from tpunb.fuse.hot.payoff import Payoff
+from tpunb.fuse.hot.whole_runs import count_eager_run, in_fused_scope, publish_compiled_run
+from tpunb.fuse.recording.adopt import release_tensor, tensors_of
+from tpunb.fuse.recording.deferred import DeferredTensor
+from tpunb.fuse.recording.settled import mark
 
 if TYPE_CHECKING:
     from tpunb.fuse.ports import HotPathEngine

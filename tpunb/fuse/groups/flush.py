@@ -25,7 +25,8 @@ import torch
 
 from tpunb.events import FusionGroup, GroupStatus
 from tpunb.fuse import config
-from tpunb.fuse.cache import (
+from tpunb.fuse.errors import FusedOpError, ReplayError, describe_failure, op_location, warn_storm
+from tpunb.fuse.groups.cache import (
     NOT_COMPILED,
     CompileJob,
     GraphCache,
@@ -35,19 +36,18 @@ from tpunb.fuse.cache import (
     explain_miss,
     short_hash,
 )
-from tpunb.fuse.compilers import Compile
-from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.errors import FusedOpError, ReplayError, describe_failure, op_location, warn_storm
-from tpunb.fuse.graph import build_graph
-from tpunb.fuse.growing import GrowingInputs
-from tpunb.fuse.ops import facts_by_id
+from tpunb.fuse.groups.compilers import Compile
+from tpunb.fuse.groups.graph import build_graph
+from tpunb.fuse.groups.plan import Action, Decision, GroupFacts, plan
 from tpunb.fuse.options import FuseOptions
-from tpunb.fuse.plan import Action, Decision, GroupFacts, plan
-from tpunb.fuse.record import KnownSequences
-from tpunb.fuse.rng import rng_as_recorded
-from tpunb.fuse.settled import tiny
-from tpunb.fuse.trace import Input, Node, OpRecord, Ref, Trace, decoder, resolve
-from tpunb.fuse.wrapper_meta import as_recorded
+from tpunb.fuse.recording.deferred import DeferredTensor
+from tpunb.fuse.recording.growing import GrowingInputs
+from tpunb.fuse.recording.ops import facts_by_id
+from tpunb.fuse.recording.record import KnownSequences
+from tpunb.fuse.recording.rng import rng_as_recorded
+from tpunb.fuse.recording.settled import tiny
+from tpunb.fuse.recording.trace import Input, Node, OpRecord, Ref, Trace, decoder, resolve
+from tpunb.fuse.recording.wrapper_meta import as_recorded
 from tpunb.source import SourceLocation
 from tpunb.value_reads import flush_reason
 

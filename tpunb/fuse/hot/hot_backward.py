@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode
 
-from tpunb.fuse.deferred import DeferredTensor
+from tpunb.fuse.recording.deferred import DeferredTensor
 
 if TYPE_CHECKING:
     from tpunb.fuse.ports import HotPathEngine

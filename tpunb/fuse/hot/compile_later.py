@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from tpunb.fuse.cache import Compiled, GraphCache, Variant, VariantState
-from tpunb.fuse.compilers import Compile
-from tpunb.fuse.flops import FlopsUnknown, training_flops
-from tpunb.fuse.graph import never_compiled
-from tpunb.fuse.thread_modes import ThreadModes
+from tpunb.fuse.groups.cache import Compiled, GraphCache, Variant, VariantState
+from tpunb.fuse.groups.compilers import Compile
+from tpunb.fuse.groups.graph import never_compiled
+from tpunb.fuse.hot.flops import FlopsUnknown, training_flops
+from tpunb.fuse.hot.thread_modes import ThreadModes
 from tpunb.fuse.workarounds import config_values, skip_dynamo_in
 
 

@@ -33,7 +33,7 @@ import torch
 
 from tpunb.events import GroupStatus
 from tpunb.fuse import config
-from tpunb.fuse.worker import CompileWorker
+from tpunb.fuse.groups.worker import CompileWorker
 
 LIFTED = "<lifted>"  # stands for a lifted slot's value in a variant key (floats never equal it)
 

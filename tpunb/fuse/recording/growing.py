@@ -21,7 +21,7 @@ from types import CodeType
 from typing import Any
 
 from tpunb.fuse import config
-from tpunb.fuse.trace import Input, OpRecord, Trace
+from tpunb.fuse.recording.trace import Input, OpRecord, Trace
 
 Location = tuple[Any, CodeType | None, int]  # (op overload, the user's code object, line)
 

@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tpunb.fuse import config
-from tpunb.fuse.deferred import DeferredTensor
+from tpunb.fuse.recording.deferred import DeferredTensor
 
 if TYPE_CHECKING:
-    from tpunb.fuse.trace import Trace
+    from tpunb.fuse.recording.trace import Trace
 
 #: The attribute that tags a plain tensor as settled (set on the tensor object).
 TAG = "_tpunb_settled"

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import torch
 
-from tpunb.fuse.trace import Trace
+from tpunb.fuse.recording.trace import Trace
 
 
 def default_generator(device: torch.device) -> torch.Generator:

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from tpunb.fuse.deferred import DeferredTensor, same_objects, written_argument
-from tpunb.fuse.ops import OpFacts
-from tpunb.fuse.scan import ArgumentScan, is_argument, run_on_values, tensor_leaves
-from tpunb.fuse.trace import Trace, tensor_meta
-from tpunb.fuse.wrapper_meta import INPLACE_VIEWS, STORAGE_CHANGING, restride
+from tpunb.fuse.recording.deferred import DeferredTensor, same_objects, written_argument
+from tpunb.fuse.recording.ops import OpFacts
+from tpunb.fuse.recording.scan import ArgumentScan, is_argument, run_on_values, tensor_leaves
+from tpunb.fuse.recording.trace import Trace, tensor_meta
+from tpunb.fuse.recording.wrapper_meta import INPLACE_VIEWS, STORAGE_CHANGING, restride
 
 #: A flush of the engine's trace: (why, whether the host waits for its values).
 Flush = Callable[[str, bool], None]

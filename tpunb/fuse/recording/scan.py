@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from tpunb.fuse.deferred import DeferredTensor, written_argument
 from tpunb.fuse.errors import check_not_failed
-from tpunb.fuse.graph import liftable
-from tpunb.fuse.ops import OpFacts
-from tpunb.fuse.trace import FloatSlot, Ref, Slot, Trace, tensor_meta
+from tpunb.fuse.groups.graph import liftable
+from tpunb.fuse.recording.deferred import DeferredTensor, written_argument
+from tpunb.fuse.recording.ops import OpFacts
+from tpunb.fuse.recording.trace import FloatSlot, Ref, Slot, Trace, tensor_meta
 
 
 class ArgumentScan:

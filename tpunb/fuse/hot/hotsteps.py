@@ -44,14 +44,14 @@ import torch
 
 from tpunb.events import OPTIMIZER_STEP_SUFFIX
 from tpunb.fuse.aside import outside_modes
-from tpunb.fuse.compile_later import CompileLater, GraphRuns
-from tpunb.fuse.deferred import DeferredTensor
-from tpunb.fuse.hotcode import calling
-from tpunb.fuse.payoff import Payoff
-from tpunb.fuse.plan import StepAction, StepFacts, plan_step
-from tpunb.fuse.whole_runs import count_eager_run, in_fused_scope, publish_compiled_run
+from tpunb.fuse.groups.plan import StepAction, StepFacts, plan_step
+from tpunb.fuse.groups.worker import compiling_only_if_free
+from tpunb.fuse.hot.compile_later import CompileLater, GraphRuns
+from tpunb.fuse.hot.hotcode import calling
+from tpunb.fuse.hot.payoff import Payoff
+from tpunb.fuse.hot.whole_runs import count_eager_run, in_fused_scope, publish_compiled_run
+from tpunb.fuse.recording.deferred import DeferredTensor
 from tpunb.fuse.workarounds import config_values
-from tpunb.fuse.worker import compiling_only_if_free
 
 if TYPE_CHECKING:
     from tpunb.fuse.ports import HotPathEngine

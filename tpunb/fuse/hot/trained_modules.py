@@ -45,11 +45,11 @@ from torch._dynamo.eval_frame import OptimizedModule
 
 from tpunb.events import FusionGroup, GroupStatus, Record
 from tpunb.fuse import config
-from tpunb.fuse.cache import GraphCache
-from tpunb.fuse.compile_later import CompileLater, GraphRuns
-from tpunb.fuse.compilers import Compile
-from tpunb.fuse.module_call_hooks import ModuleCallHooks
-from tpunb.fuse.worker import compiling_only_if_free
+from tpunb.fuse.groups.cache import GraphCache
+from tpunb.fuse.groups.compilers import Compile
+from tpunb.fuse.groups.worker import compiling_only_if_free
+from tpunb.fuse.hot.compile_later import CompileLater, GraphRuns
+from tpunb.fuse.hot.module_call_hooks import ModuleCallHooks
 from tpunb.source import locate
 
 

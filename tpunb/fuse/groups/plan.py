@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from tpunb.fuse import config
-from tpunb.fuse.cache import VariantState
+from tpunb.fuse.groups.cache import VariantState
 
 #: A group's reason while it comes back once a cell and its runs have not paid for a compile.
 ONCE_A_CELL = (
