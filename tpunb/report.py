@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING
 from tpunb.events import CellRun
 from tpunb.modes import MODE_DESCRIPTIONS, Mode
 from tpunb.runtimes import (
+    CALLS_FLOPS_UNKNOWN,
     CAPTURE_WAITED,
     COMPILED_WHOLE,
     MODEL_FLOPS,
+    PARTLY_COMPILED,
     STEPS_NOT_COMPILED,
     UNCOMPILED,
     WHILE_COMPILING,
@@ -94,7 +96,7 @@ def cell_summary(record: CellRun) -> str:
         if record.compile_waited_s >= WAIT_WORTH_SAYING_S:
             waited = record.compile_waited_s
             parts.append(f"waited {waited:.2f} s for fused groups compiling in the background")
-    for prefix in (COMPILED_WHOLE, WHILE_COMPILING):
+    for prefix in (COMPILED_WHOLE, WHILE_COMPILING, PARTLY_COMPILED):
         counted = counted_part(record.counters, prefix)
         if counted:
             parts.append(counted)
@@ -147,10 +149,12 @@ def capture_wait_part(counters: dict[str, float]) -> str | None:
 
 def all_steps_compiled(counters: dict[str, float]) -> bool:
     """Whether the cell's model FLOPs are all its training's: some ran compiled, none ran before
-    its compile (under the runtime's fusion) or uncompiled while compiling (FLOPs not counted).
-    A 300-step cell whose model compiled at its 225th step would say "MFU 0.2 %" otherwise."""
-    partly = counters.get(STEPS_NOT_COMPILED, 0) > 0 or any(
-        key.startswith(WHILE_COMPILING) and count > 0 for key, count in counters.items()
+    its compile (under the runtime's fusion), uncompiled while compiling or partly compiled, and
+    none ran a graph whose FLOPs could not be counted (FLOPs not counted in all those). A
+    300-step cell whose model compiled at its 225th step would say "MFU 0.2 %" otherwise."""
+    uncounted = counters.get(STEPS_NOT_COMPILED, 0) + counters.get(CALLS_FLOPS_UNKNOWN, 0)
+    partly = uncounted > 0 or any(
+        key.startswith((WHILE_COMPILING, PARTLY_COMPILED)) and count > 0 for key, count in counters.items()
     )
     return counters.get(MODEL_FLOPS, 0) > 0 and not partly
 

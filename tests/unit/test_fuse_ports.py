@@ -46,7 +46,9 @@ def members(protocol: type) -> set[str]:
 #: ``ast.parse`` beside an earlier test's background compile failed once with "SystemError:
 #: AST constructor recursion depth mismatch" (python/cpython#106905).
 #: Every module of tpunb/fuse and its stage subpackages, by file name (unique across them).
-PATHS = {path.name: path for path in sorted(FUSE.rglob("*.py")) if path.name != "__init__.py"}
+MODULE_FILES = [path for path in sorted(FUSE.rglob("*.py")) if path.name != "__init__.py"]
+PATHS = {path.name: path for path in MODULE_FILES}
+assert len(PATHS) == len(MODULE_FILES), "two modules of tpunb/fuse share a name"
 TREES = {module: ast.parse(PATHS[module].read_text()) for module in COLLABORATORS}
 
 
@@ -99,12 +101,17 @@ ALL_TREES = {path.stem: ast.parse(path.read_text()) for path in PATHS.values()}
 
 
 def fuse_imports(tree: ast.Module) -> set[str]:
-    """The tpunb.fuse modules ``tree`` imports, anywhere (type-only imports too)."""
-    return {
-        node.module.rsplit(".", 1)[-1]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tpunb.fuse.")
-    }
+    """The tpunb.fuse modules ``tree`` imports, anywhere (type-only imports too), in either form:
+    ``from tpunb.fuse.groups.plan import x`` and ``from tpunb.fuse import config``."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tpunb.fuse"):
+            module = node.module.rsplit(".", 1)[-1]
+            if module in ALL_TREES:
+                found.add(module)
+            else:  # from a package: the names that are modules
+                found |= {alias.name for alias in node.names if alias.name in ALL_TREES}
+    return found
 
 
 def test_no_module_of_the_engine_imports_itself_back():

@@ -3,7 +3,13 @@ from __future__ import annotations
 from tpunb.advice import CellTimes, fused_overhead, fused_slower
 from tpunb.events import CellRun, FusionGroup
 from tpunb.report import cell_summary, format_bytes, format_memory
-from tpunb.runtimes import CAPTURE_WAITED, MODEL_FLOPS, STEPS_NOT_COMPILED, MemoryInfo
+from tpunb.runtimes import (
+    CALLS_FLOPS_UNKNOWN,
+    CAPTURE_WAITED,
+    MODEL_FLOPS,
+    STEPS_NOT_COMPILED,
+    MemoryInfo,
+)
 
 
 def test_bytes_read_naturally_and_unknown_is_not_zero():
@@ -96,6 +102,18 @@ def test_a_cell_whose_model_compiled_partway_gives_no_mfu():
     assert "MFU 50.0 %" in cell_summary(
         run(mode="fused", counters={**compiled, STEPS_NOT_COMPILED: 0}, peak_flops=197e12)
     )
+
+
+def test_a_cell_with_a_graph_uncompiled_or_uncounted_gives_no_mfu_and_says_the_first():
+    """A graph whose compile failed runs as captured, one whose FLOPs could not be counted adds
+    none: either way the cell's MFU would be too low. The failed compile is in the line."""
+    compiled = {"compiled whole: call of GPT2LMHeadModel": 15, MODEL_FLOPS: 0.5 * 197e12 * 1.234}
+    partly = {**compiled, "ran partly compiled (a compile failed): call of GPT2LMHeadModel": 3}
+    line = cell_summary(run(mode="fused", counters=partly, peak_flops=197e12))
+    assert "MFU" not in line
+    assert "ran partly compiled (a compile failed): 3 calls of GPT2LMHeadModel" in line, line
+    unknown = {**compiled, CALLS_FLOPS_UNKNOWN: 15}
+    assert "MFU" not in cell_summary(run(mode="fused", counters=unknown, peak_flops=197e12))
 
 
 def test_summary_shows_only_what_is_known_and_non_zero():

@@ -257,10 +257,13 @@ def test_a_graph_whose_flops_cannot_be_counted_keeps_the_reason(trained):
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), trained.scope(sync_compile=True):
         Loop(model).run(3)
     made = trained.hot[model].made
-    assert trained.model_flops == 0
-    assert any(graph.flops_unknown and "Exception" in graph.flops_unknown for graph in made), [
-        (graph.flops, graph.flops_unknown) for graph in made
-    ]
+    assert (
+        trained.model_flops == 0
+        and trained.calls_flops_unknown == trained.compiled_calls["DataDependent"] > 0
+    )
+    assert any(
+        graph.flops_unknown and "DynamicOutputShapeException" in graph.flops_unknown for graph in made
+    ), [(graph.flops, graph.flops_unknown) for graph in made]
 
 
 def test_a_graph_off_the_chip_is_not_handed_to_the_chips_compiler():
@@ -490,9 +493,85 @@ def test_a_call_captured_as_several_graphs_does_not_wait_for_the_first_ones_comp
             loop.run(2)  # hot after its second step
             loop.run(1)  # captured (two graphs)
             assert not compiled.is_set(), "the call waited for the worker's compile"
-            assert len(trained.hot[model].made) == 2
+            backend = trained.hot[model]
+            assert len(backend.made) == 2
+            runs = backend.runs.count
+            loop.run(1)  # its own call: neither graph runs as captured
+            assert backend.runs.count == runs and trained.calls_while_compiling["Broken"] == 2
     finally:
         release.set()
+
+
+class Shapes(torch.nn.Module):
+    """A model called with two batch sizes (a last, smaller batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.a(x)
+
+
+def test_a_new_shape_compiling_leaves_the_compiled_shapes_compiled(trained_with):
+    """Once its first capture has compiled, a hot module stays compiled for the shapes it has:
+    a new shape (an epoch's last, smaller batch) is captured and compiles on the worker, and
+    meanwhile the known shape's calls run its compiled code, not the module's own call."""
+    release = threading.Event()
+    compiles = []
+
+    def second_waits(graph: torch.fx.GraphModule, examples: list) -> Callable[..., Any]:
+        compiles.append(graph)
+        if len(compiles) > 1:
+            release.wait(10)
+        return lookup_backend("aot_eager")(graph, examples)
+
+    trained = trained_with(second_waits)
+    torch.manual_seed(0)
+    model = Shapes()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(rows: int) -> None:
+        model(torch.ones(rows, 8)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    try:
+        with trained.scope():
+            for _ in range(3):
+                step(4)  # hot after its second step, captured at its third
+            trained.cache.wait_idle()
+            step(2)  # a new shape: captured, its compile held
+            backend = trained.hot[model]
+            assert backend.compiling
+            runs, compiled = backend.runs.count, trained.compiled_calls["Shapes"]
+            step(4)
+            assert backend.runs.count == runs + 1 and trained.compiled_calls["Shapes"] == compiled
+    finally:
+        release.set()
+
+
+def test_calls_with_a_graph_whose_compile_failed_are_counted_as_partly_compiled(trained_with):
+    """A graph whose compile fails runs as captured for good (with the cache's warning); its
+    calls are counted apart, so the summary says so and gives no MFU."""
+
+    def first_fails(graph: torch.fx.GraphModule, examples: list) -> Callable[..., Any]:
+        if not any(node.op == "call_module" or "relu" in str(node.target) for node in graph.graph.nodes):
+            return lookup_backend("aot_eager")(graph, examples)
+        raise RuntimeError("no kernel for this graph")
+
+    trained = trained_with(first_fails)
+    torch.manual_seed(0)
+    model = Broken()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with trained.scope(sync_compile=True):
+            Loop(model).run(4)  # hot after its second step, captured and compiled at its third
+    assert trained.partly_compiled_calls["Broken"] == 2, (
+        trained.partly_compiled_calls,
+        trained.compiled_calls,
+    )
+    assert trained.compiled_calls["Broken"] == 0
 
 
 def test_while_its_compile_is_pending_a_hot_module_runs_its_own_call(trained_with):

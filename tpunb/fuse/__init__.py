@@ -23,8 +23,9 @@ walks an op and a module call through them, with a glossary and the thresholds.
   ``hotsteps`` (its optimizer's step), ``whole_runs`` and ``payoff`` (their shared lifecycle:
   eager until a compile pays off), ``compile_later`` (the captured graph runs while the worker
   compiles it, under the notebook thread's grad mode and autocast: ``thread_modes``),
-  ``trained_modules`` (the same for runtimes that fuse by themselves: TorchTPU), ``flops`` (what
-  a compiled training graph computes, for the MFU).
+  ``trained_modules`` (a trained model compiled whole where the runtime fuses by itself:
+  TorchTPU; its own call runs while its first compile is pending), ``flops`` (what a compiled
+  training graph computes, for the MFU).
 """
 
 from tpunb.fuse.engine import FusionEngine

@@ -9,10 +9,12 @@ from dataclasses import replace
 
 from tpunb.events import Record
 from tpunb.runtimes.base import (
+    CALLS_FLOPS_UNKNOWN,
     CAPTURE_WAITED,
     COMPILED_WHOLE,
     CPU_FALLBACK,
     MODEL_FLOPS,
+    PARTLY_COMPILED,
     STEPS_NOT_COMPILED,
     UNCOMPILED,
     WHILE_COMPILING,
@@ -34,11 +36,13 @@ ADAPTERS: dict[str, str] = {
 
 __all__ = [
     "ADAPTERS",
+    "CALLS_FLOPS_UNKNOWN",
     "CAPTURE_WAITED",
     "COMPILED_WHOLE",
     "CPU_FALLBACK",
     "MODEL_FLOPS",
     "PACKAGES",
+    "PARTLY_COMPILED",
     "STEPS_NOT_COMPILED",
     "UNCOMPILED",
     "WHILE_COMPILING",

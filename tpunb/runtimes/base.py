@@ -166,10 +166,12 @@ CPU_FALLBACK = "cpu fallback: "
 #: phrase whose first word takes the plural ("step of AdamW": "6 steps of AdamW").
 UNCOMPILED = "ran uncompiled: "
 #: Prefixes of ``Runtime.counters`` keys that count a fused cell's calls of a model compiled
-#: whole by the runtime's compiler ("call of GPT2LMHeadModel"): run compiled, and run otherwise
-#: (as captured, or as its own call) while its compile was under way.
+#: whole by the runtime's compiler ("call of GPT2LMHeadModel"): run compiled, run otherwise
+#: (as captured, or as its own call) while its compile was under way, and run with one of its
+#: graphs as captured because that graph's compile failed.
 COMPILED_WHOLE = "compiled whole: "
 WHILE_COMPILING = "ran uncompiled while compiling: "
+PARTLY_COMPILED = "ran partly compiled (a compile failed): "
 #: Prefix of ``Runtime.counters`` keys: the seconds a fused cell's calls of a model waited while
 #: Dynamo captured it on the notebook's thread, by model class ("GPT2LMHeadModel").
 CAPTURE_WAITED = "waited while Dynamo captured: "
@@ -178,6 +180,9 @@ MODEL_FLOPS = "model FLOPs compiled whole"
 #: ``Runtime.counters`` key: training steps of such models that ran before they were compiled
 #: (under the runtime's own fusion), whose FLOPs are not counted: a cell with any gives no MFU.
 STEPS_NOT_COMPILED = "model steps not compiled"
+#: ``Runtime.counters`` key: compiled calls of such models with a graph whose FLOPs could not be
+#: counted (flops.py): a cell with any gives no MFU either (it would be too low).
+CALLS_FLOPS_UNKNOWN = "model calls with FLOPs not counted"
 
 
 class CacheDirError(ValueError):

@@ -35,9 +35,11 @@ from tpunb.fuse.groups.disk_cache import user_cache_root
 from tpunb.fuse.hot.trained_modules import TrainedModules, global_hooks_warning
 from tpunb.modes import Mode, ModeConfig
 from tpunb.runtimes.base import (
+    CALLS_FLOPS_UNKNOWN,
     CAPTURE_WAITED,
     COMPILED_WHOLE,
     MODEL_FLOPS,
+    PARTLY_COMPILED,
     STEPS_NOT_COMPILED,
     UNCOMPILED,
     WHILE_COMPILING,
@@ -345,11 +347,13 @@ class TorchTpuRuntime:
             for prefix, calls in (
                 (COMPILED_WHOLE, self._trained_modules.compiled_calls),
                 (WHILE_COMPILING, self._trained_modules.calls_while_compiling),
+                (PARTLY_COMPILED, self._trained_modules.partly_compiled_calls),
             ):
                 counts.update({f"{prefix}call of {name}": count for name, count in calls.items()})
             counts.update({CAPTURE_WAITED + name: s for name, s in self._trained_modules.capture_s.items()})
             counts[MODEL_FLOPS] = self._trained_modules.model_flops
             counts[STEPS_NOT_COMPILED] = self._trained_modules.steps_not_compiled
+            counts[CALLS_FLOPS_UNKNOWN] = self._trained_modules.calls_flops_unknown
         stats = self._perf_stats()
         if stats is None:
             return counts

@@ -113,6 +113,15 @@ class CompileLater:
         """Whether every graph it made runs compiled (none refused, none still compiling)."""
         return all(c.variant.done is not None and c.variant.done.fn is not None for c in self.made)
 
+    def compiling_among_first(self, count: int) -> bool:
+        """Whether one of the first ``count`` graphs it made still waits for its compile."""
+        return any(c.variant.state is VariantState.COMPILING for c in self.made[:count])
+
+    @property
+    def flops_unknown(self) -> bool:
+        """Whether a graph it made could not have its FLOPs counted (``CompiledLater.flops_unknown``)."""
+        return any(c.flops_unknown is not None for c in self.made)
+
 
 #: What a released graph runs: nothing (its optimizer is gone).
 RELEASED = Compiled(fn=None, error="released: its optimizer is gone")

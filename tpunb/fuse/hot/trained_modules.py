@@ -18,7 +18,8 @@ one cell or across cells. A short cell therefore
 runs as it did without this, and a long training loop pays at most about twice. With
 ``--sync-compile`` it turns hot at its ``HOT_STEPS_AFTER``-th step and its call waits for the
 compile. From then on its calls in that regime, in fused cells, go through Dynamo with
-compile_later.py's backend; in any other regime or cell they are the module's own call. The
+compile_later.py's backend (except while its first capture compiles: ``_routed``); in any other
+regime or cell they are the module's own call. The
 loop around it (the batch, the loss outside the module, ``backward()``, the optimizer's step)
 runs as the cell's eager mode runs it. A module the user compiled already
 (``model.compile()``) is left alone.
@@ -53,17 +54,11 @@ from tpunb.fuse.hot.module_call_hooks import ModuleCallHooks
 from tpunb.source import locate
 
 
-def call_row(name: str, backend: CompileLater, captured: bool, started: float) -> FusionGroup:
+def call_row(name: str, status: GroupStatus, started: float) -> FusionGroup:
     """A compiled call's group row, as the native hot path writes one (hotcalls.py): a miss
-    when Dynamo captured a graph during it, ``compiling`` while its compile is pending, a hit
-    once its graphs run compiled."""
+    when Dynamo captured a graph during it, ``compiling`` while a compile of its graphs is
+    pending, a hit otherwise."""
     where = locate()
-    if captured:
-        status = GroupStatus.MISS
-    elif backend.compiling:
-        status = GroupStatus.COMPILING
-    else:
-        status = GroupStatus.HIT
     return FusionGroup(
         key=f"{name}-training",
         ops=0,
@@ -127,17 +122,23 @@ class TrainedModules:
         self._last_step_end: weakref.WeakKeyDictionary[torch.nn.Module, float] = weakref.WeakKeyDictionary()
         #: the hot ones, with their backends (what they made: ``compiling``, errors)
         self.hot: weakref.WeakKeyDictionary[torch.nn.Module, CompileLater] = weakref.WeakKeyDictionary()
-        #: calls run compiled, and run otherwise while compiling (the capturing call as captured,
-        #: the later ones as the module's own call), by module class (counters)
+        #: calls run compiled, run otherwise while compiling (the capturing call as captured, the
+        #: later ones as the module's own call), and run with a graph whose compile failed (as
+        #: captured), by module class (counters)
         self.compiled_calls: Counter[str] = Counter()
         self.calls_while_compiling: Counter[str] = Counter()
+        self.partly_compiled_calls: Counter[str] = Counter()
+        #: how many graphs a module's first capture made: its own call runs until they compile
+        self._first_graphs: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
         #: seconds of the calls during which Dynamo captured a module (on the notebook's thread),
         #: by module class: what a cell without --sync-compile waited for unasked
         self.capture_s: Counter[str] = Counter()
         #: FLOPs the compiled calls ran, forward and backward (flops.py), for the cell's MFU;
-        #: steps of trained modules not yet hot (their FLOPs unknown), which leave a cell's MFU out
+        #: steps of trained modules not yet hot, and calls with a graph whose FLOPs could not be
+        #: counted, which leave a cell's MFU out (it would be too low)
         self.model_flops = 0.0
         self.steps_not_compiled = 0
+        self.calls_flops_unknown = 0
         #: those Dynamo failed to capture: never hot again
         self.refused: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
@@ -225,22 +226,24 @@ class TrainedModules:
     ) -> Callable[..., Any]:
         """The module's call: compiled in a fused scope in training, its own call otherwise.
 
-        While its compile is pending, the calls after the one that captured it are its own
-        call too, not the captured graphs: under DEFER_AND_FUSE its own call reuses the
-        programs its earlier steps compiled, while the captured graphs (HF's GPT-2: four, with
-        Dynamo's guards between them) are new programs to the runtime. Measured on a v5e (GPT-2
-        6 x 768, bf16, a 300-step fused cell): run as captured, steps took ~155 ms against 137
-        before the capture (Dynamo's guards, programs new to the runtime)."""
+        Until the graphs of its first capture have compiled, the calls after the one that
+        captured it are its own call too, not the captured graphs: under DEFER_AND_FUSE its own
+        call reuses the programs its earlier steps compiled, while the captured graphs (HF's
+        GPT-2: four, with Dynamo's guards between them) are new programs to the runtime.
+        Measured on a v5e (GPT-2 6 x 768, bf16, a 300-step fused cell): run as captured, steps
+        took ~155 ms against 137 before the capture. (A shape captured later runs as captured
+        while it compiles: the shapes compiled before keep running compiled meanwhile.)"""
         name = type(module).__name__
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if self._active and in_training(module):
                 started = time.perf_counter()
-                if backend.made and backend.compiling:
+                first = self._first_graphs.get(module)
+                if first is not None and backend.compiling_among_first(first):
                     out = module._call_impl(*args, **kwargs)
                     self.calls_while_compiling[name] += 1
                     if self.publish is not None:
-                        self.publish(call_row(name, backend, False, started))
+                        self.publish(call_row(name, GroupStatus.COMPILING, started))
                     return out
                 graphs, runs, flops = len(backend.made), backend.runs.count, backend.runs.flops
                 try:
@@ -257,15 +260,25 @@ class TrainedModules:
                 else:
                     as_it_is = not may_compile and backend.runs.count == runs  # the worker was busy
                     captured = len(backend.made) > graphs
-                    if captured and not self._sync:  # (--sync-compile asked for the wait)
-                        self.capture_s[name] += time.perf_counter() - started
-                    if backend.compiling or as_it_is:
+                    if captured:
+                        self._first_graphs.setdefault(module, len(backend.made))
+                        if not self._sync:  # (--sync-compile asked for the wait)
+                            self.capture_s[name] += time.perf_counter() - started
+                    compiling = backend.compiling  # (read once: the worker may finish meanwhile)
+                    if captured:
+                        status = GroupStatus.MISS
+                    else:
+                        status = GroupStatus.COMPILING if compiling else GroupStatus.HIT
+                    if compiling or as_it_is:
                         self.calls_while_compiling[name] += 1
                     elif backend.all_compiled:
                         self.compiled_calls[name] += 1
+                        self.calls_flops_unknown += backend.flops_unknown
+                    else:  # a graph whose compile failed runs as captured
+                        self.partly_compiled_calls[name] += 1
                     self.model_flops += backend.runs.flops - flops
                     if self.publish is not None:
-                        self.publish(call_row(name, backend, captured, started))
+                        self.publish(call_row(name, status, started))
                     return out
             return module._call_impl(*args, **kwargs)
 
