@@ -106,7 +106,7 @@ class CompileLater:
     @property
     def compiling(self) -> bool:
         """Whether a graph it made still waits for (or is in) its compile."""
-        return any(c.variant.state is VariantState.COMPILING for c in self.made)
+        return self.compiling_among_first(len(self.made))
 
     @property
     def all_compiled(self) -> bool:
