@@ -122,6 +122,8 @@ class Row:
     summaries: tuple[str | None, ...] = ()
     #: the first run's seconds per step (where a "reads" loop's first run spent its time)
     first_steps: list[float] = field(default_factory=list)
+    #: the warm run's (where a compile that outlasted the first run swapped in)
+    warm_steps: list[float] = field(default_factory=list)
 
 
 def steps_in_words(seconds: list[float]) -> str:
@@ -155,9 +157,9 @@ def measure(
         cells.run("del model, optimizer")
         return failed_row(model, loop, precision, mode, first), []
     losses = [float(x) for x in cells.value("losses")]
-    ends = cells.value("step_ends")
-    first_steps = [b - a for a, b in itertools.pairwise(ends)]
+    first_steps = step_seconds(cells)
     warm = cells.run(train)
+    warm_steps = step_seconds(cells)
     tokens_per_s = steps * BATCH * SEQUENCE / warm.seconds
     flops = 6 * cells.value("matmul_weights") * tokens_per_s
     reference = strict or losses
@@ -168,7 +170,13 @@ def measure(
     row = Row(model, loop, precision, mode, first.seconds, tokens_per_s, mfu, diff, fell)
     row.summaries = (first.summary, warm.summary)
     row.first_steps = first_steps
+    row.warm_steps = warm_steps
     return row, losses
+
+
+def step_seconds(cells) -> list[float]:
+    """The seconds of each step of the training cell's last run."""
+    return [b - a for a, b in itertools.pairwise(cells.value("step_ends"))]
 
 
 #: The elementwise chain (the research note's): 1,500 ops on 256 x 1024 at the cell's top level,
@@ -272,8 +280,10 @@ def main() -> int:
                 strict = losses or None
             rows.append(row)
             print(table(rows).splitlines()[-1], flush=True)
-            for said in (*row.summaries, steps_in_words(row.first_steps) if row.first_steps else None):
-                print(f"{'':8}{said}", flush=True)
+            runs = (("first", row.first_steps), ("warm", row.warm_steps))
+            said = [*row.summaries, *(f"{run} run's {steps_in_words(s)}" for run, s in runs if s)]
+            for line in said:
+                print(f"{'':8}{line}", flush=True)
         if args.jax and model == "gpt2" and precision == "bf16":
             rows.append(jax_row(loop, args.steps))
             print(table(rows).splitlines()[-1], flush=True)

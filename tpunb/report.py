@@ -15,6 +15,7 @@ from tpunb.runtimes import (
     COMPILED_WHOLE,
     MODEL_FLOPS,
     PARTLY_COMPILED,
+    PAST_VERSION_LIMIT,
     STEPS_NOT_COMPILED,
     UNCOMPILED,
     WHILE_COMPILING,
@@ -96,7 +97,7 @@ def cell_summary(record: CellRun) -> str:
         if record.compile_waited_s >= WAIT_WORTH_SAYING_S:
             waited = record.compile_waited_s
             parts.append(f"waited {waited:.2f} s for fused groups compiling in the background")
-    for prefix in (COMPILED_WHOLE, WHILE_COMPILING, PARTLY_COMPILED):
+    for prefix in (COMPILED_WHOLE, WHILE_COMPILING, PARTLY_COMPILED, PAST_VERSION_LIMIT):
         counted = counted_part(record.counters, prefix)
         if counted:
             parts.append(counted)
@@ -149,12 +150,14 @@ def capture_wait_part(counters: dict[str, float]) -> str | None:
 
 def all_steps_compiled(counters: dict[str, float]) -> bool:
     """Whether the cell's model FLOPs are all its training's: some ran compiled, none ran before
-    its compile (under the runtime's fusion), uncompiled while compiling or partly compiled, and
+    its compile (under the runtime's fusion), uncompiled (while compiling, or past Dynamo's limit
+    of versions) or partly compiled, and
     none ran a graph whose FLOPs could not be counted (FLOPs not counted in all those). A
     300-step cell whose model compiled at its 225th step would say "MFU 0.2 %" otherwise."""
     uncounted = counters.get(STEPS_NOT_COMPILED, 0) + counters.get(CALLS_FLOPS_UNKNOWN, 0)
+    not_compiled = (WHILE_COMPILING, PARTLY_COMPILED, PAST_VERSION_LIMIT)
     partly = uncounted > 0 or any(
-        key.startswith((WHILE_COMPILING, PARTLY_COMPILED)) and count > 0 for key, count in counters.items()
+        key.startswith(not_compiled) and count > 0 for key, count in counters.items()
     )
     return counters.get(MODEL_FLOPS, 0) > 0 and not partly
 

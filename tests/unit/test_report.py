@@ -7,6 +7,7 @@ from tpunb.runtimes import (
     CALLS_FLOPS_UNKNOWN,
     CAPTURE_WAITED,
     MODEL_FLOPS,
+    PAST_VERSION_LIMIT,
     STEPS_NOT_COMPILED,
     MemoryInfo,
 )
@@ -106,7 +107,8 @@ def test_a_cell_whose_model_compiled_partway_gives_no_mfu():
 
 def test_a_cell_with_a_graph_uncompiled_or_uncounted_gives_no_mfu_and_says_the_first():
     """A graph whose compile failed runs as captured, one whose FLOPs could not be counted adds
-    none: either way the cell's MFU would be too low. The failed compile is in the line."""
+    none, and one Dynamo ran as it is (past its limit of versions) ran uncompiled: either way
+    the cell's MFU would be too low. The failed compile and the uncompiled calls are in the line."""
     compiled = {"compiled whole: call of GPT2LMHeadModel": 15, MODEL_FLOPS: 0.5 * 197e12 * 1.234}
     partly = {**compiled, "ran partly compiled (a compile failed): call of GPT2LMHeadModel": 3}
     line = cell_summary(run(mode="fused", counters=partly, peak_flops=197e12))
@@ -114,6 +116,10 @@ def test_a_cell_with_a_graph_uncompiled_or_uncounted_gives_no_mfu_and_says_the_f
     assert "ran partly compiled (a compile failed): 3 calls of GPT2LMHeadModel" in line, line
     unknown = {**compiled, CALLS_FLOPS_UNKNOWN: 15}
     assert "MFU" not in cell_summary(run(mode="fused", counters=unknown, peak_flops=197e12))
+    past = {**compiled, f"{PAST_VERSION_LIMIT}call of GPT2LMHeadModel": 2}
+    line = cell_summary(run(mode="fused", counters=past, peak_flops=197e12))
+    assert "MFU" not in line
+    assert f"{PAST_VERSION_LIMIT}2 calls of GPT2LMHeadModel" in line, line
 
 
 def test_summary_shows_only_what_is_known_and_non_zero():

@@ -574,6 +574,41 @@ def test_calls_with_a_graph_whose_compile_failed_are_counted_as_partly_compiled(
     assert trained.compiled_calls["Broken"] == 0
 
 
+def test_a_model_built_anew_again_and_again_runs_compiled_whole_each_time(trained):
+    """A set-up cell run again makes a new model of the same class each time. Dynamo keeps its
+    versions of the model's ``forward`` per code object (8 by default), so from the ninth model
+    on it ran the calls uncompiled while the summary said "compiled whole" (seen on the chip);
+    the limit is now counted per model."""
+    for built in range(10):
+        model = fresh()
+        with trained.scope(sync_compile=True):
+            Loop(model).run(4)  # hot after its second step, captured and compiled at its third
+        backend = trained.hot[model]
+        ran = (built, len(backend.made), backend.runs.count)
+        assert len(backend.made) == 1 and backend.runs.count == 2, ran
+    assert trained.compiled_calls["Model"] == 20 and not trained.calls_past_version_limit
+
+
+def test_calls_past_dynamos_limit_of_versions_are_counted_as_uncompiled(trained):
+    """A model called with a new shape at every step: once it has made Dynamo's limit of
+    versions, a call that fits none runs as it is, counted apart (no "compiled whole", no MFU)."""
+    from torch._dynamo import config
+
+    torch.manual_seed(0)
+    model = Shapes()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with trained.scope(sync_compile=True):
+        for rows in range(1, config.recompile_limit + 5):
+            model(torch.ones(rows, 8)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    # hot after its second step; then each call is captured (and compiled in it), the limit's
+    # worth, and the last two run as they are
+    assert len(trained.hot[model].made) == config.recompile_limit
+    assert trained.calls_past_version_limit["Shapes"] == 2, trained.calls_past_version_limit
+    assert trained.compiled_calls["Shapes"] == config.recompile_limit
+
+
 def test_while_its_compile_is_pending_a_hot_module_runs_its_own_call(trained_with):
     """After the call that captured it, a module whose compile is on the worker runs its own
     call, not the captured graphs: under DEFER_AND_FUSE its own call reuses the programs its

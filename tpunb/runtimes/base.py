@@ -167,11 +167,13 @@ CPU_FALLBACK = "cpu fallback: "
 UNCOMPILED = "ran uncompiled: "
 #: Prefixes of ``Runtime.counters`` keys that count a fused cell's calls of a model compiled
 #: whole by the runtime's compiler ("call of GPT2LMHeadModel"): run compiled, run otherwise
-#: (as captured, or as its own call) while its compile was under way, and run with one of its
-#: graphs as captured because that graph's compile failed.
+#: (as captured, or as its own call) while its compile was under way, run with one of its
+#: graphs as captured because that graph's compile failed, and run uncompiled by Dynamo, past
+#: its limit of compiled versions (fuse/hot/compile_later.py, ``versions_counted_per_owner``).
 COMPILED_WHOLE = "compiled whole: "
 WHILE_COMPILING = "ran uncompiled while compiling: "
 PARTLY_COMPILED = "ran partly compiled (a compile failed): "
+PAST_VERSION_LIMIT = "ran uncompiled (past Dynamo's limit of compiled versions): "
 #: Prefix of ``Runtime.counters`` keys: the seconds a fused cell's calls of a model waited while
 #: Dynamo captured it on the notebook's thread, by model class ("GPT2LMHeadModel").
 CAPTURE_WAITED = "waited while Dynamo captured: "

@@ -40,6 +40,7 @@ from tpunb.runtimes.base import (
     COMPILED_WHOLE,
     MODEL_FLOPS,
     PARTLY_COMPILED,
+    PAST_VERSION_LIMIT,
     STEPS_NOT_COMPILED,
     UNCOMPILED,
     WHILE_COMPILING,
@@ -348,6 +349,7 @@ class TorchTpuRuntime:
                 (COMPILED_WHOLE, self._trained_modules.compiled_calls),
                 (WHILE_COMPILING, self._trained_modules.calls_while_compiling),
                 (PARTLY_COMPILED, self._trained_modules.partly_compiled_calls),
+                (PAST_VERSION_LIMIT, self._trained_modules.calls_past_version_limit),
             ):
                 counts.update({f"{prefix}call of {name}": count for name, count in calls.items()})
             counts.update({CAPTURE_WAITED + name: s for name, s in self._trained_modules.capture_s.items()})

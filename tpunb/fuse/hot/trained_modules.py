@@ -49,7 +49,7 @@ from tpunb.fuse import config
 from tpunb.fuse.groups.cache import GraphCache
 from tpunb.fuse.groups.compilers import Compile
 from tpunb.fuse.groups.worker import compiling_only_if_free
-from tpunb.fuse.hot.compile_later import CompileLater, GraphRuns
+from tpunb.fuse.hot.compile_later import CompileLater, GraphRuns, versions_counted_per_owner
 from tpunb.fuse.hot.module_call_hooks import ModuleCallHooks
 from tpunb.source import locate
 
@@ -123,13 +123,17 @@ class TrainedModules:
         #: the hot ones, with their backends (what they made: ``compiling``, errors)
         self.hot: weakref.WeakKeyDictionary[torch.nn.Module, CompileLater] = weakref.WeakKeyDictionary()
         #: calls run compiled, run otherwise while compiling (the capturing call as captured, the
-        #: later ones as the module's own call), and run with a graph whose compile failed (as
-        #: captured), by module class (counters)
+        #: later ones as the module's own call), run with a graph whose compile failed (as
+        #: captured), and run by Dynamo as they are, past its limit of compiled versions, by
+        #: module class (counters)
         self.compiled_calls: Counter[str] = Counter()
         self.calls_while_compiling: Counter[str] = Counter()
         self.partly_compiled_calls: Counter[str] = Counter()
+        self.calls_past_version_limit: Counter[str] = Counter()
         #: how many graphs a module's first capture made: its own call runs until they compile
         self._first_graphs: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+        #: how many times its calls were captured (Dynamo's versions of it: one per input shape)
+        self._captures: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
         #: seconds of the calls during which Dynamo captured a module (on the notebook's thread),
         #: by module class: what a cell without --sync-compile waited for unasked
         self.capture_s: Counter[str] = Counter()
@@ -253,23 +257,31 @@ class TrainedModules:
                         self.hooks.lifted(),
                         self.around_compiled(),
                         compiling_only_if_free(self._sync) as may_compile,
+                        versions_counted_per_owner(self._captures.get(module, 0)),
                     ):
                         out = compiled(*args, **kwargs)
                 except torch._dynamo.exc.TorchDynamoException as error:  # raised while capturing: nothing ran
                     self._refuse(module, error)
                 else:
-                    as_it_is = not may_compile and backend.runs.count == runs  # the worker was busy
+                    # none of its graphs ran: Dynamo ran the call as it is, because the worker
+                    # was busy (``compiling_only_if_free``) or past its limit of versions
+                    as_it_is = backend.runs.count == runs
                     captured = len(backend.made) > graphs
                     if captured:
                         self._first_graphs.setdefault(module, len(backend.made))
+                        self._captures[module] = self._captures.get(module, 0) + 1
                         if not self._sync:  # (--sync-compile asked for the wait)
                             self.capture_s[name] += time.perf_counter() - started
                     compiling = backend.compiling  # (read once: the worker may finish meanwhile)
                     if captured:
                         status = GroupStatus.MISS
+                    elif as_it_is and may_compile:
+                        status = GroupStatus.OP_BY_OP
                     else:
                         status = GroupStatus.COMPILING if compiling else GroupStatus.HIT
-                    if compiling or as_it_is:
+                    if as_it_is and may_compile:
+                        self.calls_past_version_limit[name] += 1
+                    elif compiling or as_it_is:
                         self.calls_while_compiling[name] += 1
                     elif backend.all_compiled:
                         self.compiled_calls[name] += 1
