@@ -589,6 +589,40 @@ def test_a_model_built_anew_again_and_again_runs_compiled_whole_each_time(traine
     assert trained.compiled_calls["Model"] == 20 and not trained.calls_past_version_limit
 
 
+def test_a_model_of_a_class_compiled_past_dynamos_limit_elsewhere_still_compiles_whole(trained):
+    """One ``generate`` compiled as a compile-mode cell compiles it (static shapes: a version per
+    length) exhausts Dynamo's limit on GPT-2's own frames, which then run uncompiled for good:
+    every GPT-2 trained in a later fused cell ran uncompiled (the chip's hardware suite). A
+    trained module's versions are its own (``isolate_recompiles``)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def build() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=64, vocab_size=64))
+
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    generator = build().eval()
+
+    def generate() -> torch.Tensor:
+        with torch.no_grad():
+            return generator.generate(ids[:1, :8], max_new_tokens=12, do_sample=False, pad_token_id=0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.compile(generate, backend="eager", dynamic=False)()
+    model = build()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    with trained.scope(sync_compile=True):
+        for _ in range(4):  # hot after its second step, captured and compiled at its third
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert trained.compiled_calls["GPT2LMHeadModel"] == 2, (
+        trained.compiled_calls,
+        trained.calls_past_version_limit,
+    )
+
+
 def test_calls_past_dynamos_limit_of_versions_are_counted_as_uncompiled(trained):
     """A model called with a new shape at every step: once it has made Dynamo's limit of
     versions, a call that fits none runs as it is, counted apart (no "compiled whole", no MFU)."""

@@ -169,7 +169,7 @@ UNCOMPILED = "ran uncompiled: "
 #: whole by the runtime's compiler ("call of GPT2LMHeadModel"): run compiled, run otherwise
 #: (as captured, or as its own call) while its compile was under way, run with one of its
 #: graphs as captured because that graph's compile failed, and run uncompiled by Dynamo, past
-#: its limit of compiled versions (fuse/hot/compile_later.py, ``versions_counted_per_owner``).
+#: its limit of compiled versions (fuse/hot/trained_modules.py, ``_make_hot``).
 COMPILED_WHOLE = "compiled whole: "
 WHILE_COMPILING = "ran uncompiled while compiling: "
 PARTLY_COMPILED = "ran partly compiled (a compile failed): "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -56,32 +56,6 @@ def donated_buffers_off() -> contextlib.AbstractContextManager[None]:
     from torch._functorch import config
 
     return config_values(config, donated_buffer=False)
-
-
-def versions_counted_per_owner(versions: int) -> contextlib.AbstractContextManager[Any]:
-    """Dynamo's limit of compiled versions (``recompile_limit``, 8), counted for one owner of
-    compiled calls (an optimizer, a trained module) that has made ``versions`` so far.
-
-    Dynamo counts versions per code object, and an owner's call runs in frames every owner of
-    its class shares: an optimizer's step (PyTorch's ``_use_grad`` breaks the graph on purpose,
-    so the class's own ``step`` is a frame of its own), a model's ``forward``. Each new owner
-    added a version there, so a notebook whose set-up cell made its optimizer or its model a
-    ninth time (run again) ran them uncompiled from then on (measured: for a model on the chip
-    the summary still said "compiled whole"). So while the owner's call runs, Dynamo's own limit
-    is the one it keeps over all versions of a frame (``accumulated_recompile_limit``, 256), and
-    once this owner has made ``recompile_limit`` versions, a call that fits none of them runs as
-    it is."""
-    from torch._dynamo import config
-
-    limit = config.recompile_limit
-    raised = config_values(config, recompile_limit=max(limit, config.accumulated_recompile_limit))
-    return raised if versions < limit else _eager_on_recompile(raised)
-
-
-@contextlib.contextmanager
-def _eager_on_recompile(context: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
-    with context, torch.compiler.set_stance("eager_on_recompile"):
-        yield
 
 
 class GraphRuns:

@@ -37,7 +37,7 @@ import logging
 import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,11 +46,12 @@ from tpunb.events import OPTIMIZER_STEP_SUFFIX
 from tpunb.fuse.aside import outside_modes
 from tpunb.fuse.groups.plan import StepAction, StepFacts, plan_step
 from tpunb.fuse.groups.worker import compiling_only_if_free
-from tpunb.fuse.hot.compile_later import CompileLater, GraphRuns, versions_counted_per_owner
+from tpunb.fuse.hot.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.hot.hotcode import calling
 from tpunb.fuse.hot.payoff import Payoff
 from tpunb.fuse.hot.whole_runs import count_eager_run, in_fused_scope, publish_compiled_run
 from tpunb.fuse.recording.deferred import DeferredTensor
+from tpunb.fuse.workarounds import config_values
 
 if TYPE_CHECKING:
     from tpunb.fuse.ports import HotPathEngine
@@ -92,7 +93,7 @@ class HotSteps:
 
     def refuse(self, optimizer: torch.optim.Optimizer, step: HotStep) -> None:
         """Never compile ``optimizer``'s step again: Dynamo failed on it, or ran it uncompiled
-        (past the limit of compiled versions of its step: ``versions_counted_per_owner``)."""
+        (past the limit of compiled versions of its step: ``versions_counted_per_optimizer``)."""
         if optimizer.__dict__.get("step") is step:
             optimizer.step = step.previous  # type: ignore[method-assign]
         self._refused.add(optimizer)
@@ -200,7 +201,7 @@ class HotStep:
             outside_modes(),
             profiler_notice_hidden(),
             compiling_only_if_free(engine.options.sync_compile) as may_compile,
-            versions_counted_per_owner(len(self.later.made)),
+            versions_counted_per_optimizer(len(self.later.made)),
         ):
             try:
                 out = self.compiled(optimizer) if self._pass_optimizer else self.compiled()
@@ -237,6 +238,29 @@ class HotStep:
         if not engine.trace.ops:
             engine.modes.step_aside(engine)
         return out
+
+
+def versions_counted_per_optimizer(made: int) -> contextlib.AbstractContextManager[Any]:
+    """Dynamo's limit of compiled versions (``recompile_limit``, 8), counted for one optimizer.
+
+    Dynamo counts versions per code object, and a step runs in frames every optimizer of its
+    class shares: PyTorch's ``_use_grad`` breaks the graph on purpose, so the class's own
+    ``step`` is a frame of its own. Each new optimizer's step added a version there, and a
+    notebook whose set-up cell made its optimizer a ninth time (run again) stepped eagerly from
+    then on (measured). So while a hot step runs, Dynamo's own limit is the one it keeps over
+    all versions of a frame (``accumulated_recompile_limit``, 256), and once this optimizer has
+    made ``recompile_limit`` graphs (``made``), a step that fits none of them runs as it is."""
+    from torch._dynamo import config
+
+    limit = config.recompile_limit
+    raised = config_values(config, recompile_limit=max(limit, config.accumulated_recompile_limit))
+    return raised if made < limit else _eager_on_recompile(raised)
+
+
+@contextlib.contextmanager
+def _eager_on_recompile(context: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+    with context, torch.compiler.set_stance("eager_on_recompile"):
+        yield
 
 
 def plain_parameters(optimizer: torch.optim.Optimizer) -> bool:

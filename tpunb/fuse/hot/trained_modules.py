@@ -49,7 +49,7 @@ from tpunb.fuse import config
 from tpunb.fuse.groups.cache import GraphCache
 from tpunb.fuse.groups.compilers import Compile
 from tpunb.fuse.groups.worker import compiling_only_if_free
-from tpunb.fuse.hot.compile_later import CompileLater, GraphRuns, versions_counted_per_owner
+from tpunb.fuse.hot.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.hot.module_call_hooks import ModuleCallHooks
 from tpunb.source import locate
 
@@ -132,8 +132,6 @@ class TrainedModules:
         self.calls_past_version_limit: Counter[str] = Counter()
         #: how many graphs a module's first capture made: its own call runs until they compile
         self._first_graphs: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
-        #: how many times its calls were captured (Dynamo's versions of it: one per input shape)
-        self._captures: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
         #: seconds of the calls during which Dynamo captured a module (on the notebook's thread),
         #: by module class: what a cell without --sync-compile waited for unasked
         self.capture_s: Counter[str] = Counter()
@@ -209,7 +207,12 @@ class TrainedModules:
             self.cache, type(module).__name__, lambda: self._sync, GraphRuns(), self.compile, count_flops=True
         )
         self.hot[module] = backend
-        compiled = torch.compile(module._call_impl, backend=backend, dynamic=False)
+        # Dynamo keeps its versions (8 at most) per code object, and a model's frames are its
+        # class's: every model of the class, compiled anywhere, counts against one limit, and a
+        # frame past it runs uncompiled for good. A set-up cell run a ninth time, or one
+        # compile-mode ``generate`` (a version per length), left GPT-2 uncompiled in every later
+        # fused cell (measured on the chip). Isolated, this model's versions are its own.
+        compiled = torch.compile(module._call_impl, backend=backend, dynamic=False, isolate_recompiles=True)
         module._compiled_call_impl = self._routed(module, compiled, backend)
 
     def _refuse(self, module: torch.nn.Module, error: Exception) -> None:
@@ -257,7 +260,6 @@ class TrainedModules:
                         self.hooks.lifted(),
                         self.around_compiled(),
                         compiling_only_if_free(self._sync) as may_compile,
-                        versions_counted_per_owner(self._captures.get(module, 0)),
                     ):
                         out = compiled(*args, **kwargs)
                 except torch._dynamo.exc.TorchDynamoException as error:  # raised while capturing: nothing ran
@@ -269,7 +271,6 @@ class TrainedModules:
                     captured = len(backend.made) > graphs
                     if captured:
                         self._first_graphs.setdefault(module, len(backend.made))
-                        self._captures[module] = self._captures.get(module, 0) + 1
                         if not self._sync:  # (--sync-compile asked for the wait)
                             self.capture_s[name] += time.perf_counter() - started
                     compiling = backend.compiling  # (read once: the worker may finish meanwhile)
