@@ -20,7 +20,7 @@ from torch._functorch._aot_autograd.utils import make_boxed_func
 
 from tpunb.events import GroupStatus
 from tpunb.fuse.groups.cache import GraphCache
-from tpunb.fuse.hot.trained_modules import TrainedModules
+from tpunb.fuse.hot.trained_modules import PAST_LIMIT_PLAN, TrainedModules
 from tpunb.runtimes.torchtpu_fused import (
     OffTheChip,
     hot_call_settings,
@@ -589,6 +589,19 @@ def test_a_model_built_anew_again_and_again_runs_compiled_whole_each_time(traine
     assert trained.compiled_calls["Model"] == 20 and not trained.calls_past_version_limit
 
 
+def test_models_long_gone_do_not_count_against_dynamos_cap_over_the_process(trained):
+    """Dynamo's ``accumulated_recompile_limit`` (256) counts every version a code object ever
+    had, dead models' too; HF's GPT-2 takes three a model and shape, so the 86th GPT-2 of a
+    session ran uncompiled. Here the cap is 3 and six models are built in turn."""
+    with torch._dynamo.config.patch(accumulated_recompile_limit=3):
+        for built in range(6):
+            model = fresh()
+            with trained.scope(sync_compile=True):
+                Loop(model).run(4)
+            assert trained.hot[model].runs.count == 2, built
+    assert trained.compiled_calls["Model"] == 12 and not trained.calls_past_version_limit
+
+
 def test_a_model_of_a_class_compiled_past_dynamos_limit_elsewhere_still_compiles_whole(trained):
     """One ``generate`` compiled as a compile-mode cell compiles it (static shapes: a version per
     length) exhausts Dynamo's limit on GPT-2's own frames, which then run uncompiled for good:
@@ -623,17 +636,56 @@ def test_a_model_of_a_class_compiled_past_dynamos_limit_elsewhere_still_compiles
     )
 
 
+class Disabled(torch.nn.Module):
+    """A model whose forward Dynamo must not trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 1)
+
+    @torch.compiler.disable
+    def forward(self, x):
+        return self.a(x)
+
+
+def test_a_model_dynamo_captures_nothing_of_runs_its_own_call_and_says_so(trained):
+    """Not "past the limit", and not "compiled whole": refused, with the warning."""
+    model = Disabled()
+    nothing = pytest.warns(RuntimeWarning, match="Dynamo captured nothing of its call")
+    with nothing, trained.scope(sync_compile=True):
+        Loop(model).run(4)
+    assert model in trained.refused and model not in trained.hot
+    assert not trained.compiled_calls and not trained.calls_past_version_limit
+
+
+def test_a_model_that_is_gone_lets_go_of_its_graphs(trained):
+    """Dynamo keeps each backend until it is reset; a set-up cell run again must not keep the
+    graphs (and the tensors they hold) of every model it built."""
+    import gc
+
+    model = fresh()
+    with trained.scope(sync_compile=True):
+        Loop(model).run(4)
+    backend = trained.hot[model]
+    assert backend.made
+    del model
+    gc.collect()
+    assert backend.made == []
+
+
 def test_calls_past_dynamos_limit_of_versions_are_counted_as_uncompiled(trained):
     """A model called with a new shape at every step: once it has made Dynamo's limit of
     versions, a call that fits none runs as it is, counted apart (no "compiled whole", no MFU)."""
     from torch._dynamo import config
 
+    rows = []
+    trained.publish = rows.append
     torch.manual_seed(0)
     model = Shapes()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with trained.scope(sync_compile=True):
-        for rows in range(1, config.recompile_limit + 5):
-            model(torch.ones(rows, 8)).sum().backward()
+        for batch in range(1, config.recompile_limit + 5):
+            model(torch.ones(batch, 8)).sum().backward()
             optimizer.step()
             optimizer.zero_grad()
     # hot after its second step; then each call is captured (and compiled in it), the limit's
@@ -641,6 +693,7 @@ def test_calls_past_dynamos_limit_of_versions_are_counted_as_uncompiled(trained)
     assert len(trained.hot[model].made) == config.recompile_limit
     assert trained.calls_past_version_limit["Shapes"] == 2, trained.calls_past_version_limit
     assert trained.compiled_calls["Shapes"] == config.recompile_limit
+    assert [row.plan for row in rows[-2:]] == [PAST_LIMIT_PLAN] * 2
 
 
 def test_while_its_compile_is_pending_a_hot_module_runs_its_own_call(trained_with):

@@ -34,6 +34,8 @@ at once (``ModuleCallHooks``), so they break no graph of the user's.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import time
 import warnings
 import weakref
@@ -51,13 +53,14 @@ from tpunb.fuse.groups.compilers import Compile
 from tpunb.fuse.groups.worker import compiling_only_if_free
 from tpunb.fuse.hot.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.hot.module_call_hooks import ModuleCallHooks
+from tpunb.fuse.workarounds import config_values
 from tpunb.source import locate
 
 
-def call_row(name: str, status: GroupStatus, started: float) -> FusionGroup:
+def call_row(name: str, status: GroupStatus, started: float, plan: str | None = None) -> FusionGroup:
     """A compiled call's group row, as the native hot path writes one (hotcalls.py): a miss
     when Dynamo captured a graph during it, ``compiling`` while a compile of its graphs is
-    pending, a hit otherwise."""
+    pending, a hit otherwise; ``plan``: why it ran otherwise."""
     where = locate()
     return FusionGroup(
         key=f"{name}-training",
@@ -72,7 +75,31 @@ def call_row(name: str, status: GroupStatus, started: float) -> FusionGroup:
         lifted=0,
         whole_call=True,
         at=where.label if where else None,
+        plan=plan,
     )
+
+
+#: A call Dynamo ran as it is, past its limit of compiled versions (its row's plan).
+PAST_LIMIT_PLAN = "run as it is: past Dynamo's limit of compiled versions of this model"
+
+
+@functools.cache
+def isolated_versions() -> dict[str, Any]:
+    """``torch.compile``'s option that gives a model's Dynamo versions a region of their own
+    (``isolate_recompiles``, torch 2.13; older torches lack it, and share the limit)."""
+    accepted = inspect.signature(torch.compile).parameters
+    return {"isolate_recompiles": True} if "isolate_recompiles" in accepted else {}
+
+
+def versions_of_dead_models_uncounted() -> contextlib.AbstractContextManager[None]:
+    """Dynamo's cap on all versions of a code object over the process (``accumulated_recompile_limit``,
+    256) lifted for an isolated model's call: it counts the versions of models long gone too
+    (their entries are dropped with them), and HF's GPT-2 takes three versions of a shared
+    frame per model and shape, so the 86th GPT-2 of a session would run uncompiled. Each
+    model's own limit (``recompile_limit``, 8) still holds."""
+    from torch._dynamo import config
+
+    return config_values(config, accumulated_recompile_limit=1 << 30)
 
 
 def global_hooks_warning(message: str, filename: str, lineno: int) -> bool:
@@ -212,18 +239,19 @@ class TrainedModules:
         # frame past it runs uncompiled for good. A set-up cell run a ninth time, or one
         # compile-mode ``generate`` (a version per length), left GPT-2 uncompiled in every later
         # fused cell (measured on the chip). Isolated, this model's versions are its own.
-        compiled = torch.compile(module._call_impl, backend=backend, dynamic=False, isolate_recompiles=True)
+        compiled = torch.compile(module._call_impl, backend=backend, dynamic=False, **isolated_versions())
         module._compiled_call_impl = self._routed(module, compiled, backend)
+        # Dynamo keeps its backends until it is reset: the graphs of a model that is gone go
+        # with it (a set-up cell run again would keep each model's otherwise)
+        weakref.finalize(module, backend.release)
 
-    def _refuse(self, module: torch.nn.Module, error: Exception) -> None:
-        """Dynamo failed to capture ``module``'s call: its own call from now on, said once."""
+    def _refuse(self, module: torch.nn.Module, why: str) -> None:
+        """Dynamo failed to capture ``module``'s call (``why``): its own call from now on, said once."""
         module._compiled_call_impl = None
         self.hot.pop(module, None)
         self.refused.add(module)
-        first_line = (str(error).splitlines() or [""])[0][:200]
         warnings.warn(
-            f"tpunb fused: {type(module).__name__} runs op by op from now on, not compiled whole: "
-            f"Dynamo could not capture its call ({type(error).__name__}: {first_line})",
+            f"tpunb fused: {type(module).__name__} runs op by op from now on, not compiled whole: {why}",
             RuntimeWarning,
             stacklevel=4,
         )
@@ -260,11 +288,17 @@ class TrainedModules:
                         self.hooks.lifted(),
                         self.around_compiled(),
                         compiling_only_if_free(self._sync) as may_compile,
+                        versions_of_dead_models_uncounted(),
                     ):
                         out = compiled(*args, **kwargs)
                 except torch._dynamo.exc.TorchDynamoException as error:  # raised while capturing: nothing ran
-                    self._refuse(module, error)
+                    first_line = (str(error).splitlines() or [""])[0][:200]
+                    why = f"Dynamo could not capture its call ({type(error).__name__}: {first_line})"
+                    self._refuse(module, why)
                 else:
+                    if may_compile and not backend.made:  # (its forward is skipped, or disabled)
+                        self._refuse(module, "Dynamo captured nothing of its call")
+                        return out
                     # none of its graphs ran: Dynamo ran the call as it is, because the worker
                     # was busy (``compiling_only_if_free``) or past its limit of versions
                     as_it_is = backend.runs.count == runs
@@ -291,7 +325,8 @@ class TrainedModules:
                         self.partly_compiled_calls[name] += 1
                     self.model_flops += backend.runs.flops - flops
                     if self.publish is not None:
-                        self.publish(call_row(name, status, started))
+                        past = as_it_is and may_compile
+                        self.publish(call_row(name, status, started, PAST_LIMIT_PLAN if past else None))
                     return out
             return module._call_impl(*args, **kwargs)
 
