@@ -151,8 +151,8 @@ def capture_wait_part(counters: dict[str, float]) -> str | None:
 def all_steps_compiled(counters: dict[str, float]) -> bool:
     """Whether the cell's model FLOPs are all its training's: some ran compiled, none ran before
     its compile (under the runtime's fusion), uncompiled (while compiling, or past Dynamo's limit
-    of versions) or partly compiled, and
-    none ran a graph whose FLOPs could not be counted (FLOPs not counted in all those). A
+    of versions) or partly compiled, and none ran a graph whose FLOPs could not be counted
+    (FLOPs not counted in all those). A
     300-step cell whose model compiled at its 225th step would say "MFU 0.2 %" otherwise."""
     uncounted = counters.get(STEPS_NOT_COMPILED, 0) + counters.get(CALLS_FLOPS_UNKNOWN, 0)
     not_compiled = (WHILE_COMPILING, PARTLY_COMPILED, PAST_VERSION_LIMIT)

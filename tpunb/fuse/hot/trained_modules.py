@@ -302,6 +302,7 @@ class TrainedModules:
                     # none of its graphs ran: Dynamo ran the call as it is, because the worker
                     # was busy (``compiling_only_if_free``) or past its limit of versions
                     as_it_is = backend.runs.count == runs
+                    past_limit = as_it_is and may_compile
                     captured = len(backend.made) > graphs
                     if captured:
                         self._first_graphs.setdefault(module, len(backend.made))
@@ -310,11 +311,11 @@ class TrainedModules:
                     compiling = backend.compiling  # (read once: the worker may finish meanwhile)
                     if captured:
                         status = GroupStatus.MISS
-                    elif as_it_is and may_compile:
+                    elif past_limit:
                         status = GroupStatus.OP_BY_OP
                     else:
                         status = GroupStatus.COMPILING if compiling else GroupStatus.HIT
-                    if as_it_is and may_compile:
+                    if past_limit:
                         self.calls_past_version_limit[name] += 1
                     elif compiling or as_it_is:
                         self.calls_while_compiling[name] += 1
@@ -325,8 +326,7 @@ class TrainedModules:
                         self.partly_compiled_calls[name] += 1
                     self.model_flops += backend.runs.flops - flops
                     if self.publish is not None:
-                        past = as_it_is and may_compile
-                        self.publish(call_row(name, status, started, PAST_LIMIT_PLAN if past else None))
+                        self.publish(call_row(name, status, started, PAST_LIMIT_PLAN if past_limit else None))
                     return out
             return module._call_impl(*args, **kwargs)
 
