@@ -7,7 +7,8 @@ Each workload runs in a fresh kernel on this interpreter, one thread (``OMP_NUM_
 per workload, precision and mode the table gives the largest loss difference against strict
 (absolute and relative, over every logged step), whether the random stream matched, the
 steady ms/step and the first step's seconds, and the ratio of strict's ms/step to the mode's
-(above 1: faster than strict). JSON goes to ``test-artifacts/workloads.json``.
+(above 1: faster than strict); then the cell's seconds (to its last step) and strict's against
+them, which a first run's compiles weigh on. JSON goes to ``test-artifacts/workloads.json``.
 ``--device xla`` runs the workloads that apply on PyTorch/XLA's CPU device, in kernels on the
 xla runtime (an interpreter with torch_xla: ``.venv-colab``), without fused-recorded (hot training
 is native only: there fused is already the recorder).
@@ -37,6 +38,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the workload's)")
     parser.add_argument("--device", choices=("cpu", "xla"), default="cpu")
     args = parser.parse_args()
+    for option, given, known in (
+        ("--workloads", args.workloads, WORKLOADS),
+        ("--modes", args.modes, MODES),
+        ("--precisions", args.precisions, PRECISIONS),
+    ):
+        if unknown := [name for name in given.split(",") if name not in known]:
+            parser.error(f"{option}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     sys.path[:0] = [str(ROOT / "tests" / "kernel"), str(ROOT / "tests" / "xla")]
     from tpunb_kernels import start_kernel  # the project's one kernel client
     from xla_kernels import XLA_ENV
@@ -72,12 +80,15 @@ def _print_table(runs: list[Run], compared: list[Comparison]) -> None:
     strict = {r.precision: r for r in runs if r.mode == "strict"}
     print(
         f"\n{'workload':<14} {'prec':<5} {'mode':<11} {'max |dloss|':>11} {'max rel':>9} {'stream':>7} "
-        f"{'ms/step':>9} {'first s':>8} {'vs strict':>9}  status"
+        f"{'ms/step':>9} {'first s':>8} {'vs strict':>9} {'cell s':>7} {'cell vs':>7}  status"
     )
     for run in runs:
         c = by_run.get(id(run))
         base = strict[run.precision].ms_per_step
         ratio = f"{base / run.ms_per_step:.2f}x" if base and run.ms_per_step else "n/a"
+        base_cell = strict[run.precision].cell_s
+        cell = f"{run.cell_s:.2f}" if run.cell_s else "n/a"
+        cell_ratio = f"{base_cell / run.cell_s:.2f}x" if base_cell and run.cell_s else "n/a"
         diff = f"{c.max_abs:.2e}" if c else "-"
         rel = f"{c.max_rel:.1e}" if c else "-"
         stream = ("same" if c.same_stream else "DIFF") if c else "-"
@@ -86,7 +97,7 @@ def _print_table(runs: list[Run], compared: list[Comparison]) -> None:
         first = f"{run.first_step_s:.2f}" if run.first_step_s is not None else "n/a"
         print(
             f"{run.workload:<14} {run.precision:<5} {run.mode:<11} {diff:>11} {rel:>9} {stream:>7} "
-            f"{ms:>9} {first:>8} {ratio:>9}  {status}",
+            f"{ms:>9} {first:>8} {ratio:>9} {cell:>7} {cell_ratio:>7}  {status}",
             flush=True,
         )
         if run.summary and run.mode != "strict":

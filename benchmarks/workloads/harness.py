@@ -81,6 +81,11 @@ class Run:
         return self.stamps[0] if self.stamps else None
 
     @property
+    def cell_s(self) -> float | None:
+        """From the cell's start to its last logged step: the time the user waited."""
+        return self.stamps[-1] if self.stamps else None
+
+    @property
     def ms_per_step(self) -> float | None:
         """The median step time after the warm-up steps."""
         later = self.stamps[WARMUP_STEPS:]
