@@ -4,6 +4,7 @@ its compiled runs prove slower than its eager ones (fuse/hot/payoff.py, plan.py'
 from __future__ import annotations
 
 import contextlib
+import time
 
 import pytest
 import torch
@@ -173,3 +174,25 @@ def test_a_hot_call_of_a_model_defined_again_starts_from_what_compiling_saved_th
     first, again = (model._compiled_call_impl.payoff[Regime.TRAINING] for model in models)
     assert len(first.compiled_s) >= 2 and MIN_SAVING <= stored[0] <= 1.0
     assert first.saving == 1.0 and again.saving == stored[0]  # what the first measured, as it ended
+
+
+def test_the_notebooks_wait_while_dynamo_captured_is_counted_unless_asked_for():
+    """A hot call's capture holds the notebook's thread (the summary says so, report.py): its
+    seconds beyond an eager run are counted once, under the call's name, and later hits add
+    nothing; with ``--sync-compile`` the cell asked for the wait, and nothing is counted."""
+    seen: list = []
+    engine = FusionEngine(torch.device("cpu"), seen.append)
+    started = time.perf_counter()
+    train(engine, 50_000, seen)
+    spent = time.perf_counter() - started
+    waited = engine.capture_s["Linear call"]
+    assert 0 < waited < spent and set(engine.capture_s) <= {"Linear call", "SGD.step()"}
+    train(engine, 20, seen)  # the same model class again: its code is Dynamo's already
+    assert engine.capture_s["Linear call"] == waited
+    asked = FusionEngine(torch.device("cpu"))
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(4, 4), torch.randn(8, 4)
+    with asked.scope(FuseOptions(hot_training=True, sync_compile=True), adopt=(model,)):
+        for _ in range(6):
+            model(x).sum().backward()
+    assert model._compiled_call_impl.called and not asked.capture_s

@@ -30,6 +30,7 @@ wrappers, and publish a FusionGroup record.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import sys
 import time
@@ -62,7 +63,7 @@ from tpunb.fuse.recording.scan import ArgumentScan, all_scalar, run_on_values
 from tpunb.fuse.recording.settled import NO_TENSORS, PLAIN, mark, settled_arguments, settled_read, small
 from tpunb.fuse.recording.trace import Trace
 from tpunb.fuse.recording.wrapper_meta import STORAGE_CHANGING
-from tpunb.fuse.workarounds import skip_dynamo_in
+from tpunb.fuse.workarounds import once_logging_out_of_graphs, skip_dynamo_in
 from tpunb.source import locate, user_frame
 
 
@@ -99,6 +100,10 @@ class FusionEngine:
         #: them (hot ones waiting for their compile to pay off): what fused added to such a
         #: loop, which the summary line reports where it is noticeable (advice.py)
         self.overhead_s = 0.0
+        #: seconds the notebook's thread waited while Dynamo captured a hot call or step (and
+        #: Inductor compiled a no-grad call in it), unasked (not ``--sync-compile``), by what
+        #: was captured: the summary line says so (report.py's ``capture_wait_part``)
+        self.capture_s: collections.Counter[str] = collections.Counter()
         # ops, by how they ran: recorded the new way, followed a known sequence, run eagerly
         self.counts = {"recorded": 0, "followed": 0, "eager": 0, "bookkeeping": 0}
         self.recorder = Recorder(self, self.flush)
@@ -127,6 +132,7 @@ class FusionEngine:
                     self.adoption.active(),
                     self.hot.hooks.installed(),
                     donated_buffers_off(),
+                    once_logging_out_of_graphs(),
                     self.modes.entered(FuseMode(self)),
                 ):
                     yield

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections import Counter
     from contextlib import AbstractContextManager
 
     import torch
@@ -101,6 +102,7 @@ class HotPathEngine(WrapperEngine, Protocol):
     compiler: GraphCompiler
     publish: Any
     overhead_s: float
+    capture_s: Counter[str]
 
     def flush(self, reason: str, wait: bool = False, warming: bool = False) -> None: ...
 

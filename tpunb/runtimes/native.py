@@ -24,7 +24,7 @@ from tpunb.fuse import FuseOptions, FusionEngine
 from tpunb.fuse.groups.disk_cache import current_cache_dir, rebuild_torn_binaries, use_cache_dir
 from tpunb.fuse.groups.idle_imports import import_when_idle
 from tpunb.modes import Mode, ModeConfig
-from tpunb.runtimes.base import CacheDirError, CacheStats, MemoryInfo
+from tpunb.runtimes.base import CAPTURE_WAITED, CacheDirError, CacheStats, MemoryInfo
 
 
 def _host_rss() -> int | None:
@@ -138,8 +138,9 @@ class NativeRuntime:
         return time.perf_counter() - started
 
     def counters(self) -> dict[str, float]:
-        # the fused engine reports through FusionGroup records and cache_stats, and this
-        return {OVERHEAD_COUNTER: self.engine.overhead_s}
+        # the fused engine reports through FusionGroup records and cache_stats, and these
+        waited = {CAPTURE_WAITED + what: seconds for what, seconds in self.engine.capture_s.items()}
+        return {OVERHEAD_COUNTER: self.engine.overhead_s, **waited}
 
     def after_failure(
         self, error: BaseException, namespace: Mapping[str, Any], cell: int | None

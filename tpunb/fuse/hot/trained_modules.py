@@ -53,7 +53,7 @@ from tpunb.fuse.groups.compilers import Compile
 from tpunb.fuse.groups.worker import compiling_only_if_free
 from tpunb.fuse.hot.compile_later import CompileLater, GraphRuns
 from tpunb.fuse.hot.module_call_hooks import ModuleCallHooks
-from tpunb.fuse.workarounds import config_values
+from tpunb.fuse.workarounds import config_values, once_logging_out_of_graphs
 from tpunb.source import locate
 
 
@@ -175,7 +175,8 @@ class TrainedModules:
     def scope(self, sync_compile: bool = False) -> Iterator[None]:
         """A fused cell's scope, on the notebook thread: calls counted, hot modules compiled
         (with ``sync_compile``, from their ``HOT_STEPS_AFTER``-th step, the call waiting for the
-        compile)."""
+        compile), once-a-process logging skipped where Dynamo captures them (a Hugging Face
+        model's ``warning_once`` on its loss path: one graph, not two)."""
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         handle = register_optimizer_step_post_hook(self._after_step)
@@ -183,7 +184,8 @@ class TrainedModules:
             self._hooks_kept.enter_context(self.hooks.installed())
         self._active, self._depth, self._sync = True, 0, sync_compile
         try:
-            yield
+            with once_logging_out_of_graphs():
+                yield
         finally:
             handle.remove()
             self._active = False
