@@ -46,19 +46,25 @@ def main() -> None:
         optimizer.step()
         return time.perf_counter() - started
 
-    def group(salt: int) -> None:
-        graph = torch.fx.symbolic_trace(lambda a, b: ((a @ b).relu() * (salt + 0.5)).tanh().sum(0))
-        inductor_compile(graph, [torch.randn(16, 16), torch.randn(16, 16)])
+    def graph(salt: int) -> torch.fx.GraphModule:
+        """A group's graph, traced here: FX's tracer patches ``nn.Module.__call__`` process-wide
+        while it runs, so tracing on the worker broke the step's module calls meanwhile."""
+        return torch.fx.symbolic_trace(lambda a, b: ((a @ b).relu() * (salt + 0.5)).tanh().sum(0))
+
+    def compile_job(traced: torch.fx.GraphModule) -> None:
+        inductor_compile(traced, [torch.randn(16, 16), torch.randn(16, 16)])
 
     worker = CompileWorker()
-    worker.submit(lambda: group(-1), wait=True)  # imports and the worker's one-time set-up
+    first = graph(-1)
+    worker.submit(lambda: compile_job(first), wait=True)  # imports and the worker's one-time set-up
     alone = statistics.median(step() for _ in range(200))
     print(f"step alone: {alone * 1000:.2f} ms")
     # new to Inductor's caches (the C++ compiler's time, the lock free), then the same groups
     # again, from the caches (Inductor's Python alone, as after a kernel restart)
     for what in ("new groups", "the same groups, cached"):
         started = time.perf_counter()
-        jobs = [worker.submit(lambda salt=salt: group(salt), wait=False) for salt in range(args.groups)]
+        graphs = [graph(salt) for salt in range(args.groups)]
+        jobs = [worker.submit(lambda traced=traced: compile_job(traced), wait=False) for traced in graphs]
         during = []
         while not all(job.done() for job in jobs):
             during.append(step())
