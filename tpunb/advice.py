@@ -91,6 +91,25 @@ def fused_overhead(overhead_s: float, wall_s: float) -> str | None:
     )
 
 
+#: The runtime counter of what compiling cost a fused cell's steps (fuse/hot/step_clock.py).
+COMPILE_COST_COUNTER = "fused compile cost s"
+
+
+def fused_compile_cost(cost_s: float, wall_s: float) -> str | None:
+    """What compiling cost a fused cell that captured a model (Dynamo on this thread, then its
+    steps beside the worker's compile), measured against the cell's own steps before the
+    capture, or None where it is not noticeable: said without a strict run of the cell, since
+    a first run of the HF Trainer took 3-3.6x strict's time while naming only the capture."""
+    if cost_s < NOTICEABLE_S or wall_s <= (wall_s - cost_s) * SLOWER_BY:
+        return None
+    return (
+        f"fused is slower here: compiling took {cost_s:.2f} s of this cell's {wall_s:.2f} s "
+        "(Dynamo's capture on this thread, then the steps beside the compile worker, against the "
+        f"steps before it); as strict mode runs it, about {wall_s - cost_s:.2f} s. Later runs of "
+        "the cell reuse what compiled"
+    )
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'s' if count != 1 else ''}"
 

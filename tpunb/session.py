@@ -19,7 +19,14 @@ from dataclasses import asdict
 from typing import Any
 
 from tpunb import compiler_noise
-from tpunb.advice import OVERHEAD_COUNTER, CellTimes, fused_overhead, fused_slower
+from tpunb.advice import (
+    COMPILE_COST_COUNTER,
+    OVERHEAD_COUNTER,
+    CellTimes,
+    fused_compile_cost,
+    fused_overhead,
+    fused_slower,
+)
 from tpunb.cellcompile import CellCompiler
 from tpunb.events import CellRun, EventBus, ModeChange
 from tpunb.group_rows import GroupRows
@@ -334,6 +341,7 @@ class Session:
             storm=next((r.storm for r in compiled if r.storm), None),
             slower=measured
             or (fused_slower(self.bus.recent("group", groups), compiled=compiled_here) if groups else None)
+            or fused_compile_cost(counters.get(COMPILE_COST_COUNTER, 0.0), wall_s)
             or fused_overhead(counters.get(OVERHEAD_COUNTER, 0.0), wall_s),
         )
         self.bus.publish(record)

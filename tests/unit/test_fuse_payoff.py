@@ -187,6 +187,8 @@ def test_the_notebooks_wait_while_dynamo_captured_is_counted_unless_asked_for():
     spent = time.perf_counter() - started
     waited = engine.capture_s["Linear call"]
     assert 0 < waited < spent and set(engine.capture_s) <= {"Linear call", "SGD.step()"}
+    # and the steps' time over those before the capture, the capture's step among them
+    assert 0 < engine.step_clock.compile_cost_s < spent
     train(engine, 20, seen)  # the same model class again: its code is Dynamo's already
     assert engine.capture_s["Linear call"] == waited
     asked = FusionEngine(torch.device("cpu"))

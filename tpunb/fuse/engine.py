@@ -50,6 +50,7 @@ from tpunb.fuse.groups.flush import FlushRequest, GroupFlush, abandon
 from tpunb.fuse.hot.compile_later import donated_buffers_off
 from tpunb.fuse.hot.hotcalls import HotCalls, left_to_adopt
 from tpunb.fuse.hot.hotsteps import HotSteps
+from tpunb.fuse.hot.step_clock import StepClock
 from tpunb.fuse.interrupts import InterruptGuard
 from tpunb.fuse.options import FuseOptions
 from tpunb.fuse.recording.adopt import Adoption
@@ -104,6 +105,8 @@ class FusionEngine:
         #: Inductor compiled a no-grad call in it), unasked (not ``--sync-compile``), by what
         #: was captured: the summary line says so (report.py's ``capture_wait_part``)
         self.capture_s: collections.Counter[str] = collections.Counter()
+        #: what compiles cost the steps of the cells that captured (step_clock.py)
+        self.step_clock = StepClock()
         # ops, by how they ran: recorded the new way, followed a known sequence, run eagerly
         self.counts = {"recorded": 0, "followed": 0, "eager": 0, "bookkeeping": 0}
         self.recorder = Recorder(self, self.flush)
@@ -147,6 +150,7 @@ class FusionEngine:
         not a loop's step, and compiles once its runs have paid for it (plan.py). Without
         cells (a script's scopes, the engine driven alone) every group is counted as a loop's."""
         self.flusher.in_this_cell.clear()
+        self.step_clock.begin_cell()
 
     def adopt(self, *objects: Any) -> int:
         """Make modules' parameters and buffers and optimizers' state deferred-capable, in place.

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from tpunb.fuse.groups.cache import GraphCache
     from tpunb.fuse.groups.compilers import GraphCompiler
     from tpunb.fuse.hot.module_call_hooks import ModuleCallHooks
+    from tpunb.fuse.hot.step_clock import StepClock
     from tpunb.fuse.interrupts import InterruptGuard
     from tpunb.fuse.options import FuseOptions
     from tpunb.fuse.recording.growing import GrowingInputs
@@ -103,6 +104,7 @@ class HotPathEngine(WrapperEngine, Protocol):
     publish: Any
     overhead_s: float
     capture_s: Counter[str]
+    step_clock: StepClock
 
     def flush(self, reason: str, wait: bool = False, warming: bool = False) -> None: ...
 

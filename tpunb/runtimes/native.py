@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tpunb.advice import OVERHEAD_COUNTER
+from tpunb.advice import COMPILE_COST_COUNTER, OVERHEAD_COUNTER
 from tpunb.debug import DebugChecks
 from tpunb.events import Record
 from tpunb.fuse import FuseOptions, FusionEngine
@@ -140,7 +140,8 @@ class NativeRuntime:
     def counters(self) -> dict[str, float]:
         # the fused engine reports through FusionGroup records and cache_stats, and these
         waited = {CAPTURE_WAITED + what: seconds for what, seconds in self.engine.capture_s.items()}
-        return {OVERHEAD_COUNTER: self.engine.overhead_s, **waited}
+        cost = self.engine.step_clock.compile_cost_s
+        return {OVERHEAD_COUNTER: self.engine.overhead_s, COMPILE_COST_COUNTER: cost, **waited}
 
     def after_failure(
         self, error: BaseException, namespace: Mapping[str, Any], cell: int | None

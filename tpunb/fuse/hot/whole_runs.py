@@ -204,6 +204,7 @@ def publish_compiled_run(engine: HotPathEngine, payoff: Payoff, what: str, run_s
     if row["compiled"] and row["may_compile"] and not engine.options.sync_compile:
         eager_s = statistics.median(payoff.recent_eager_s) if payoff.recent_eager_s else 0.0
         engine.capture_s[what] += max(0.0, run_s - eager_s)
+        engine.step_clock.captured()
     if row["compiled"] or row["uncompiled"] or row["compiling"] or not payoff.ran_compiled(run_s):
         return False
     publish_eager(engine, row["key"], what, row["started"], payoff.slower_reason())

@@ -196,6 +196,7 @@ class Adoption:
 
     def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         started = time.perf_counter()
+        self.engine.step_clock.stepped(started)
         try:
             self._before_step(optimizer)
         finally:
