@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tpunb.advice import fused_compile_cost
-from tpunb.fuse.hot.step_clock import BASELINE_STEPS, StepClock
+from tpunb.fuse.hot.step_clock import BASELINE_STEPS, BASELINE_WINDOW, StepClock
 
 
 def steps(clock: StepClock, start: float, *seconds: float) -> float:
@@ -53,3 +53,12 @@ def test_the_summary_names_the_compiles_cost_once_it_is_noticeable():
     said = fused_compile_cost(5.78, 8.71)
     assert said is not None
     assert "compiling took 5.78 s of this cell's 8.71 s" in said and "about 2.93 s" in said
+
+
+def test_only_the_last_steps_before_the_capture_are_kept_for_its_baseline():
+    """A long cell that has not captured keeps a window of its steps, not all of them."""
+    clock = StepClock()
+    now = steps(clock, 0.0, *[1.0] * 200, *[0.010] * BASELINE_WINDOW)
+    clock.captured()
+    steps(clock, now, 0.030)
+    assert clock.compile_cost_s == pytest.approx(0.020)

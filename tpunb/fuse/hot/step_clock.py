@@ -11,10 +11,14 @@ ran the cell in strict mode (advice.py's ``fused_compile_cost``).
 
 from __future__ import annotations
 
+import collections
 import statistics
 
 #: Steps before the first capture needed for their median to stand for strict's step.
 BASELINE_STEPS = 5
+#: The last steps before the capture kept for that median: a cell that never captures steps on
+#: (a long loop whose compile never pays off), and its steps are not all kept.
+BASELINE_WINDOW = 64
 
 
 class StepClock:
@@ -25,12 +29,13 @@ class StepClock:
         #: (a counter: the session reports each cell's share)
         self.compile_cost_s = 0.0
         self._last: float | None = None
-        self._before: list[float] = []
+        self._before: collections.deque[float] = collections.deque(maxlen=BASELINE_WINDOW)
         self._baseline: float | None = None  # the median step before the capture, once captured
         self._captured = False
 
     def begin_cell(self) -> None:
-        self._last, self._before, self._baseline, self._captured = None, [], None, False
+        self._last, self._baseline, self._captured = None, None, False
+        self._before.clear()
 
     def captured(self) -> None:
         """Dynamo captured a hot call or step in this cell: from now on, steps are compared with
