@@ -4,6 +4,7 @@ its compiled runs prove slower than its eager ones (fuse/hot/payoff.py, plan.py'
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import pytest
@@ -11,8 +12,9 @@ import torch
 
 from tpunb.events import FusionGroup
 from tpunb.fuse import FuseOptions, FusionEngine
-from tpunb.fuse.config import COMPARED_RUNS, COMPILE_COST_S, MIN_SAVING
+from tpunb.fuse.config import COMPARED_RUNS, COMPILE_COST_S, MAX_PROBES, MIN_QUIET_RUNS, MIN_SAVING
 from tpunb.fuse.groups.plan import Regime
+from tpunb.fuse.groups.worker import CompileWorker
 from tpunb.fuse.hot.hotcode import architecture, lineage
 from tpunb.fuse.hot.payoff import Payoff
 from tpunb.fuse.hot.whole_runs import UNTIL_PAID_FOR
@@ -42,9 +44,60 @@ def test_compiled_runs_slower_than_eager_ones_turn_it_eager_for_good():
 
 def test_compiled_runs_as_fast_as_eager_ones_stay_compiled():
     payoff = Payoff()
-    payoff.ran_eagerly(2 * MS)
+    for _ in range(MIN_QUIET_RUNS):
+        payoff.ran_eagerly(2 * MS)
     assert not any(payoff.ran_compiled(1 * MS) for _ in range(COMPARED_RUNS * 2))
-    assert payoff.compiles_now(True, False, COMPILE_COST_S)
+    assert payoff.judged and payoff.compiles_now(True, False, COMPILE_COST_S)
+
+
+def test_runs_timed_beside_a_compile_are_not_compared():
+    """ignite's optimizer step: its eager runs, all timed beside its model's compile (4-20 ms
+    against 0.2 ms alone), made its compiled step (0.2-0.4 ms) look faster. Runs timed beside a
+    compile count toward the compile but are not compared; with too few quiet eager runs once
+    the compiled runs are timed, it runs eagerly to time some, then judges."""
+    payoff = Payoff()
+    for _ in range(20):
+        payoff.ran_eagerly(10 * MS, quiet=False)
+    assert payoff.spent_s == pytest.approx(0.2) and not payoff.recent_eager_s
+    payoff.ran_compiled(50 * MS, quiet=False)  # beside a compile: not timed
+    assert not any(payoff.ran_compiled(0.3 * MS) for _ in range(COMPARED_RUNS))
+    assert payoff.awaiting_eager and not payoff.compiles_now(True, False, COMPILE_COST_S)
+    for _ in range(MIN_QUIET_RUNS - 1):
+        payoff.ran_eagerly(0.2 * MS)
+        payoff.ran_eagerly(10 * MS, quiet=False)
+    assert payoff.awaiting_eager  # 3 quiet runs: one more
+    payoff.ran_eagerly(0.2 * MS)
+    assert payoff.judged and payoff.slower and not payoff.compiles_now(True, False, COMPILE_COST_S)
+    assert "0.30 ms a run against 0.20 ms" in payoff.slower_reason()
+
+
+def test_with_no_quiet_eager_run_it_is_judged_after_max_probes_and_stays_compiled():
+    """A worker that keeps compiling leaves no quiet eager run: after ``MAX_PROBES`` eager runs
+    it stays compiled, as it would have without the comparison."""
+    payoff = Payoff()
+    payoff.ran_eagerly(1 * MS, quiet=False)
+    for _ in range(COMPARED_RUNS):
+        payoff.ran_compiled(2 * MS)
+    for _ in range(MAX_PROBES - 1):
+        payoff.ran_eagerly(1 * MS, quiet=False)
+    assert payoff.awaiting_eager
+    payoff.ran_eagerly(1 * MS, quiet=False)
+    assert payoff.judged and not payoff.slower and payoff.compiles_now(True, False, COMPILE_COST_S)
+
+
+def test_the_worker_is_quiet_since_a_time_only_if_it_compiled_nothing_after_it():
+    """``CompileWorker.quiet_since`` on the real worker thread: busy, then done."""
+    worker = CompileWorker()
+    before = time.perf_counter()
+    assert worker.quiet_since(before)
+    started, release = threading.Event(), threading.Event()
+    job = worker.submit(lambda: (started.set(), release.wait(10)), wait=False)
+    assert started.wait(10)
+    assert not worker.quiet_since(before) and not worker.quiet_since(time.perf_counter())
+    release.set()
+    job.result(10)
+    after = time.perf_counter()
+    assert not worker.quiet_since(before) and worker.quiet_since(after)
 
 
 def test_with_nothing_run_eagerly_compiled_runs_are_never_compared():

@@ -57,6 +57,11 @@ HOT_STEPS_AFTER = 2
 COMPILE_COST_S = 1.0
 #: A hot call's or step's compiled runs timed before they are compared with its eager runs.
 COMPARED_RUNS = 8
+#: Its eager runs timed with the compile worker quiet that the comparison needs (payoff.py).
+MIN_QUIET_RUNS = 4
+#: Eager runs it may take after its compiled runs were timed, to time eager runs quietly; then
+#: it is compared with what it has (a worker compiling for long leaves few quiet runs).
+MAX_PROBES = 4 * COMPARED_RUNS
 #: The least share of an eager run a compile is taken to save for a model defined again whose
 #: earlier definition measured less (payoff.py): two compiled runs are a noisy measure, and a
 #: long loop still gets its compile (after 50 times the usual eager time).

@@ -186,6 +186,10 @@ class GraphCache:
         context = contextvars.copy_context()
         variant.future = self._worker.submit(lambda: context.run(self._run_job, name, variant, job), wait)
 
+    def quiet_since(self, started: float) -> bool:
+        """Whether the worker has compiled nothing since ``started`` (``CompileWorker.quiet_since``)."""
+        return self._worker.quiet_since(started)
+
     def compile_here(self, name: str, variant: Variant, job: CompileJob) -> None:
         """Run ``job`` on the calling thread: for a compile that must finish before the call
         returns and is already inside Dynamo's compile (which holds the lock the worker takes)."""

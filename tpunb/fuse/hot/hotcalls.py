@@ -425,7 +425,8 @@ class HotCall:
         with engine.hot.hooks.lifted(), outside_modes():
             out = module._call_impl(*args, **kwargs)
         weight = config.TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0
-        count_eager_run(engine, self.payoff[now], self.key(now), self._what, entered, started, weight)
+        if count_eager_run(engine, self.payoff[now], self.key(now), self._what, entered, started, weight):
+            self.code(now).slower = True  # (as a compiled run's verdict: ``_run_compiled``)
         return mark(out)
 
     def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: Regime) -> Any:

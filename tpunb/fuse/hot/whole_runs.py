@@ -180,14 +180,21 @@ def count_eager_run(
     entered: float,
     started: float,
     weight: float = 1.0,
-) -> None:
+) -> bool:
     """An eager run of a hot call or step (``what``: "Net call", "AdamW.step()") that started at
     ``started`` has ended: counted toward its compile (``weight`` times), its first run
-    published, and the engine's time around it since ``entered`` added to its overhead."""
+    published, and the engine's time around it since ``entered`` added to its overhead.
+    Returns True once, when this run (one timed after its compiled runs: ``awaiting_eager``)
+    proves them slower: it runs eagerly from now on, and a row says so."""
     spent = time.perf_counter() - started
-    if payoff.ran_eagerly(spent, weight):  # one row says why nothing compiles yet
-        publish_eager(engine, key, what, started, until_paid_for(payoff.saving))
+    judged = payoff.judged
+    if payoff.ran_eagerly(spent, weight, quiet=engine.cache.quiet_since(started)):
+        publish_eager(engine, key, what, started, until_paid_for(payoff.saving))  # why nothing compiles yet
+    slower = payoff.slower and not judged
+    if slower:
+        publish_eager(engine, key, what, started, payoff.slower_reason())
     engine.overhead_s += time.perf_counter() - entered - spent
+    return slower
 
 
 def publish_compiled_run(engine: HotPathEngine, payoff: Payoff, what: str, run_s: float, **row: Any) -> bool:
@@ -205,7 +212,9 @@ def publish_compiled_run(engine: HotPathEngine, payoff: Payoff, what: str, run_s
         eager_s = statistics.median(payoff.recent_eager_s) if payoff.recent_eager_s else 0.0
         engine.capture_s[what] += max(0.0, run_s - eager_s)
         engine.step_clock.captured()
-    if row["compiled"] or row["uncompiled"] or row["compiling"] or not payoff.ran_compiled(run_s):
+    if row["compiled"] or row["uncompiled"] or row["compiling"]:
+        return False
+    if not payoff.ran_compiled(run_s, quiet=engine.cache.quiet_since(row["started"])):
         return False
     publish_eager(engine, row["key"], what, row["started"], payoff.slower_reason())
     return True
