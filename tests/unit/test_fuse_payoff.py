@@ -13,11 +13,12 @@ import torch
 from tpunb.events import FusionGroup
 from tpunb.fuse import FuseOptions, FusionEngine
 from tpunb.fuse.config import COMPARED_RUNS, COMPILE_COST_S, MAX_PROBES, MIN_QUIET_RUNS, MIN_SAVING
+from tpunb.fuse.groups.cache import Variant
 from tpunb.fuse.groups.plan import Regime
 from tpunb.fuse.groups.worker import CompileWorker
 from tpunb.fuse.hot.hotcode import architecture, lineage
 from tpunb.fuse.hot.payoff import Payoff
-from tpunb.fuse.hot.whole_runs import UNTIL_PAID_FOR
+from tpunb.fuse.hot.whole_runs import UNTIL_PAID_FOR, count_eager_run, publish_compiled_run
 
 MS = 0.001
 
@@ -85,6 +86,40 @@ def test_with_no_quiet_eager_run_it_is_judged_after_max_probes_and_stays_compile
     assert payoff.judged and not payoff.slower and payoff.compiles_now(True, False, COMPILE_COST_S)
 
 
+def test_runs_timed_while_the_engines_worker_compiles_are_counted_not_compared():
+    """``count_eager_run`` and ``publish_compiled_run`` ask the engine's real worker (a job held
+    on it); an eager run that completes the comparison publishes the verdict's row, once."""
+    seen: list = []
+    engine = FusionEngine(torch.device("cpu"), seen.append)
+    payoff, row = Payoff(), {"key": "Net-training", "trigger": "Net call, compiled whole", "compiled": 0}
+    row |= {"uncompiled": False, "compiling": False, "may_compile": True, "compiled_call": None}
+
+    def eager_run() -> bool:
+        started = time.perf_counter()
+        return count_eager_run(engine, payoff, "Net-training", "Net call", started, started)
+
+    running, release = threading.Event(), threading.Event()
+
+    def held() -> tuple:
+        running.set()
+        release.wait(10)
+        return (lambda *args: [], None)
+
+    engine.cache.compile("held", Variant(lifted={}), held, wait=False)
+    assert running.wait(10)
+    assert not eager_run() and payoff.eager_runs == 1 and not payoff.recent_eager_s
+    publish_compiled_run(engine, payoff, "Net call", 1 * MS, started=time.perf_counter(), **row)
+    assert not payoff.compiled_s  # beside the compile: not timed
+    release.set()
+    engine.cache.wait_idle()
+    for _ in range(COMPARED_RUNS):
+        publish_compiled_run(engine, payoff, "Net call", 1.0, started=time.perf_counter(), **row)
+    assert payoff.awaiting_eager  # no quiet eager run yet
+    assert [eager_run() for _ in range(MIN_QUIET_RUNS)] == [False] * (MIN_QUIET_RUNS - 1) + [True]
+    verdicts = [g for g in seen if isinstance(g, FusionGroup) and (g.plan or "").startswith("compiled, it")]
+    assert len(verdicts) == 1 and payoff.slower and not eager_run()
+
+
 def test_the_worker_is_quiet_since_a_time_only_if_it_compiled_nothing_after_it():
     """``CompileWorker.quiet_since`` on the real worker thread: busy, then done."""
     worker = CompileWorker()
@@ -113,10 +148,17 @@ def linear_hit(event: object) -> bool:
     return getattr(event, "key", None) == "Linear-training" and getattr(event, "status", None) == "hit"
 
 
+def judged(model: torch.nn.Module) -> bool:
+    """Whether the model's hot training call has compared its compiled and eager runs."""
+    call = model._compiled_call_impl
+    return call is not None and call.payoff[Regime.TRAINING].judged
+
+
 def train(engine: FusionEngine | None, steps: int, seen: list) -> tuple[torch.nn.Module, list[float]]:
     """SGD on a 4x4 Linear, in a fused scope whose hot calls compile after 50 ms of eager runs,
-    until its call has hit ``COMPARED_RUNS`` + 2 times (the compiler may be busy with an earlier
-    test's compile for a while) or ``steps`` steps; in strict mode (no engine), ``steps``."""
+    until its call's compiled and eager runs have been compared (hits timed beside a compile
+    are not: the compiler may be busy with the step's or an earlier test's compile for a while)
+    and it has hit twice more, or ``steps`` steps; in strict mode (no engine), ``steps``."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -124,7 +166,7 @@ def train(engine: FusionEngine | None, steps: int, seen: list) -> tuple[torch.nn
     options = FuseOptions(hot_training=True, compile_after_s=0.05)
     losses: list[float] = []
     with engine.scope(options, adopt=(model, optimizer)) if engine else contextlib.nullcontext():
-        while len(losses) < steps and sum(map(linear_hit, seen)) < COMPARED_RUNS + 2:
+        while len(losses) < steps and not (judged(model) and sum(map(linear_hit, seen)) >= COMPARED_RUNS + 2):
             if engine and any(getattr(g, "status", None) == "compiling" for g in seen[-3:]):
                 engine.cache.wait_idle()  # the worker's compile, however busy the machine is
             optimizer.zero_grad()
@@ -217,8 +259,8 @@ def test_a_hot_call_of_a_model_defined_again_starts_from_what_compiling_saved_th
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         with engine.scope(options, adopt=(model, optimizer)):
             for step in range(40):
-                if step == 20:
-                    engine.cache.wait_idle()  # compiled from here: its calls hit
+                if step >= 20:  # compiled from here: its calls hit, timed with the worker quiet
+                    engine.cache.wait_idle()  # (the step's compile is queued meanwhile)
                 optimizer.zero_grad()
                 model(torch.ones(8, 4)).sum().backward()
                 optimizer.step()

@@ -425,9 +425,18 @@ class HotCall:
         with engine.hot.hooks.lifted(), outside_modes():
             out = module._call_impl(*args, **kwargs)
         weight = config.TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0
-        if count_eager_run(engine, self.payoff[now], self.key(now), self._what, entered, started, weight):
+        payoff = self.payoff[now]
+        judged = payoff.judged
+        if count_eager_run(engine, payoff, self.key(now), self._what, entered, started, weight):
             self.code(now).slower = True  # (as a compiled run's verdict: ``_run_compiled``)
+        if payoff.judged and not judged:  # judged by this run (``Payoff.awaiting_eager``)
+            self._note_saving(now, payoff)
         return mark(out)
+
+    def _note_saving(self, now: Regime, payoff: Payoff) -> None:
+        """What compiling saved its calls, measured so far, kept for a model defined again."""
+        if (saving := payoff.measured_saving()) is not None:
+            self.codes.measured(self.kin, now, saving)
 
     def _run_compiled(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], now: Regime) -> Any:
         from torch._dynamo.utils import counters
@@ -475,8 +484,8 @@ class HotCall:
             compile_in_call=not training,
         ):
             code.slower = True  # a model built again runs eagerly first too (and times it again)
-        if len(payoff.compiled_s) != timed and (saving := payoff.measured_saving()) is not None:
-            self.codes.measured(self.kin, now, saving)  # what a model defined again starts from
+        if len(payoff.compiled_s) != timed:
+            self._note_saving(now, payoff)
         if training:
             backward_as_forward(engine, out, made)
         return mark(out)  # and if it is recorded again, it works on these: settled.py

@@ -24,10 +24,10 @@ steps of StepLR with hand-set betas; with ``dynamic=False`` Dynamo recompiled ev
 The groups stay as the user wrote them (floats, not tensors).
 
 Like a hot call, a hot step runs eagerly (the step it wrapped, timed) until its eager steps
-have cost what a compile costs the notebook (plan.py's ``compile_pays_off``), and once
-compiled stays compiled. Like a hot training call, the captured graph runs at once and the
-compile worker compiles it (compile_later.py); its record is a group row keyed
-``AdamW-step`` (``whole_call``).
+have cost what a compile costs the notebook (plan.py's ``compile_pays_off``), then compiled,
+and eagerly for good if its first compiled runs prove slower (payoff.py). Like a hot training
+call, the captured graph runs at once and the compile worker compiles it (compile_later.py);
+its record is a group row keyed ``AdamW-step`` (``whole_call``).
 """
 
 from __future__ import annotations
