@@ -426,10 +426,10 @@ class HotCall:
             out = module._call_impl(*args, **kwargs)
         weight = config.TRAINING_STEP_PER_FORWARD if now is Regime.TRAINING else 1.0
         payoff = self.payoff[now]
-        judged = payoff.judged
         if count_eager_run(engine, payoff, self.key(now), self._what, entered, started, weight):
-            self.code(now).slower = True  # (as a compiled run's verdict: ``_run_compiled``)
-        if payoff.judged and not judged:  # judged by this run (``Payoff.awaiting_eager``)
+            # judged by this run (``Payoff.awaiting_eager``), as a compiled run's verdict is
+            if payoff.slower:
+                self.code(now).slower = True
             self._note_saving(now, payoff)
         return mark(out)
 

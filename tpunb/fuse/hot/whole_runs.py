@@ -184,17 +184,17 @@ def count_eager_run(
     """An eager run of a hot call or step (``what``: "Net call", "AdamW.step()") that started at
     ``started`` has ended: counted toward its compile (``weight`` times), its first run
     published, and the engine's time around it since ``entered`` added to its overhead.
-    Returns True once, when this run (one timed after its compiled runs: ``awaiting_eager``)
-    proves them slower: it runs eagerly from now on, and a row says so."""
+    Returns whether this run (one timed after its compiled runs: ``awaiting_eager``) completed
+    the comparison; if it proved them slower, it runs eagerly from now on, and a row says so."""
     spent = time.perf_counter() - started
     judged = payoff.judged
     if payoff.ran_eagerly(spent, weight, quiet=engine.cache.quiet_since(started)):
         publish_eager(engine, key, what, started, until_paid_for(payoff.saving))  # why nothing compiles yet
-    slower = payoff.slower and not judged
-    if slower:
+    judged_now = payoff.judged and not judged
+    if judged_now and payoff.slower:
         publish_eager(engine, key, what, started, payoff.slower_reason())
     engine.overhead_s += time.perf_counter() - entered - spent
-    return slower
+    return judged_now
 
 
 def publish_compiled_run(engine: HotPathEngine, payoff: Payoff, what: str, run_s: float, **row: Any) -> bool:
